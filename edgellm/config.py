@@ -1,0 +1,135 @@
+"""Configuration dataclasses: what the model is, and how the engine runs it.
+
+ModelConfig is the normalized view of a checkpoint's config.json (or GGUF
+metadata); EngineConfig holds the user's serving knobs. Both check themselves
+in __post_init__ so a bad value fails at start-up with a clear message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+def parse_dtype(value: str | torch.dtype | None, device: torch.device | str = "cpu") -> torch.dtype:
+    """'auto' is float32 on CPU (bf16 matmuls are ~100x slower there) and bfloat16 on CUDA."""
+    if isinstance(value, torch.dtype):
+        if value not in _DTYPES.values():
+            raise ValueError(f"unsupported dtype {value}; use float32, float16 or bfloat16")
+        return value
+    if value is None or value == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    try:
+        return _DTYPES[value.lower()]
+    except KeyError:
+        raise ValueError(
+            f"unknown dtype {value!r}; choose one of auto, float32, float16, bfloat16"
+        ) from None
+
+
+@dataclass
+class ModelConfig:
+    """One Llama-family decoder, whatever its checkpoint calls things."""
+
+    architecture: str  # key into models.arch.ARCHITECTURES
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    partial_rotary_factor: float = 1.0
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    hidden_act: str = "silu"
+    # per layer: None (full attention) or the window size in tokens
+    sliding_windows: list[int | None] = field(default_factory=list)
+    bos_token_id: int | None = None
+    eos_token_ids: list[int] = field(default_factory=list)
+    checkpoint_dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                     "num_heads", "num_kv_heads", "head_dim"):
+            if int(getattr(self, name)) <= 0:
+                raise ValueError(f"model config: {name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"model config: num_attention_heads ({self.num_heads}) is not a multiple of "
+                f"num_key_value_heads ({self.num_kv_heads})"
+            )
+        if self.hidden_act not in ("silu", "swish"):
+            raise ValueError(f"model config: activation {self.hidden_act!r} is not supported (silu only)")
+        if not self.sliding_windows:
+            self.sliding_windows = [None] * self.num_layers
+        if len(self.sliding_windows) != self.num_layers:
+            raise ValueError("model config: one sliding window entry per layer expected")
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass
+class EngineConfig:
+    """The serving knobs, named like vLLM's where the concept is the same."""
+
+    model: str | None = None  # HF directory, .gguf file, or None for the embedded default
+    dtype: str | torch.dtype = "auto"
+    device: str = "cpu"
+    max_model_len: int | None = None  # None: the model's own limit, capped by KV capacity
+    block_size: int = 16
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+    enable_prefix_caching: bool = True
+    kv_cache_memory: int | None = None  # bytes; None: kv_cache_memory_fraction of free memory
+    kv_cache_memory_fraction: float = 0.2
+    kv_cache_dtype: str = "auto"
+    seed: int = 0
+    tokenizer: str | None = None  # a directory with tokenizer files; default: the model's own
+    chat_template: str | None = None  # a Jinja template string or path overriding the model's
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a positive power of two, got {self.block_size}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
+            raise ValueError(f"kv_cache_memory must be a positive number of bytes, got {self.kv_cache_memory}")
+        if not 0.0 < self.kv_cache_memory_fraction <= 0.95:
+            raise ValueError("kv_cache_memory_fraction must be in (0, 0.95]")
+        if self.kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3"):
+            raise ValueError(f"kv_cache_dtype must be auto or fp8, got {self.kv_cache_dtype!r}")
+        self.torch_dtype = parse_dtype(self.dtype, self.device)

@@ -1,0 +1,178 @@
+"""KV-cache pages: block tables, ref counts, the free list and the prefix cache.
+
+Full blocks are hashed as a chain (hash of parent hash + the block's tokens),
+so a block's hash identifies the whole prefix up to its end. A new request
+reuses every leading block whose hash is cached. Freed blocks keep their hash
+and stay reusable until they are taken for new data: the free list is the LRU
+order (front = evicted first). A sequence frees its blocks tail first, so the
+tail of a prompt is evicted before its shared head.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence as Seq
+
+from edgellm.engine.sequence import Sequence
+
+
+def block_hash(parent: bytes | None, tokens: Seq[int], extra: bytes = b"") -> bytes:
+    h = hashlib.blake2b(digest_size=16)
+    h.update(parent or b"\0" * 16)
+    h.update(array("q", tokens).tobytes())
+    h.update(extra)
+    return h.digest()
+
+
+class Block:
+    __slots__ = ("block_id", "ref_count", "hash")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_count = 0
+        self.hash: bytes | None = None
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        if num_blocks < 1:
+            raise ValueError("the KV cache needs at least one block")
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.cached: dict[bytes, int] = {}
+        # per sequence: hashes of its full blocks, in order (the chain)
+        self._seq_hashes: dict[str, list[bytes]] = {}
+        self.prefix_queries = 0  # tokens looked up
+        self.prefix_hits = 0  # tokens found
+
+    # ----------------------------------------------------------------- queries
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    @property
+    def num_held_blocks(self) -> int:
+        """Blocks with a live reference (what a leak check counts)."""
+        return self.num_blocks - self.num_free_blocks
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _hashes(self, seq: Sequence, num_full: int, extra: bytes) -> list[bytes]:
+        hashes = self._seq_hashes.setdefault(seq.request_id, [])
+        bs = self.block_size
+        while len(hashes) < num_full:
+            i = len(hashes)
+            parent = hashes[-1] if hashes else None
+            hashes.append(block_hash(parent, seq.token_ids[i * bs:(i + 1) * bs], extra))
+        return hashes
+
+    # -------------------------------------------------------------- mutation
+    def allocate_prefix(self, seq: Sequence, extra: bytes = b"") -> int:
+        """Give a newly admitted sequence its cached leading blocks; returns tokens covered.
+
+        The last token is always recomputed (its logits are needed), so at most
+        (num_tokens - 1) // block_size blocks are reused.
+        """
+        assert not seq.block_table, "allocate_prefix on a sequence that holds blocks"
+        if not self.enable_prefix_caching or seq.want_prompt_logits:
+            return 0
+        max_blocks = (seq.num_tokens - 1) // self.block_size
+        hits: list[int] = []
+        for h in self._hashes(seq, max_blocks, extra):
+            block_id = self.cached.get(h)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        self.prefix_queries += seq.num_tokens
+        self.prefix_hits += len(hits) * self.block_size
+        for block_id in hits:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self.free_queue[block_id]
+            block.ref_count += 1
+        seq.block_table = hits
+        return len(hits) * self.block_size
+
+    def can_allocate_prefix(self, seq: Sequence, num_new_tokens: int, extra: bytes = b"") -> bool:
+        """Would admitting `seq` with `num_new_tokens` this step fit, counting cache hits?"""
+        if self.enable_prefix_caching and not seq.want_prompt_logits:
+            max_blocks = (seq.num_tokens - 1) // self.block_size
+            reused_free = 0
+            hit_blocks = 0
+            for h in self._hashes(seq, max_blocks, extra):
+                block_id = self.cached.get(h)
+                if block_id is None:
+                    break
+                hit_blocks += 1
+                reused_free += self.blocks[block_id].ref_count == 0
+            covered = hit_blocks * self.block_size
+        else:
+            covered = reused_free = hit_blocks = 0
+        new_total = covered + min(num_new_tokens, seq.num_tokens - covered)
+        need = self.blocks_needed(new_total) - hit_blocks
+        return need <= self.num_free_blocks - reused_free
+
+    def ensure_slots(self, seq: Sequence, num_total_tokens: int) -> bool:
+        """Grow the block table to hold `num_total_tokens`; False (and no change) if it cannot."""
+        need = self.blocks_needed(num_total_tokens) - len(seq.block_table)
+        if need <= 0:
+            return True
+        if need > self.num_free_blocks:
+            return False
+        for _ in range(need):
+            seq.block_table.append(self._take_free())
+        return True
+
+    def _take_free(self) -> int:
+        block_id, _ = self.free_queue.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.hash is not None:
+            if self.cached.get(block.hash) == block_id:
+                del self.cached[block.hash]  # evicted: least recently used first
+            block.hash = None
+        block.ref_count = 1
+        return block_id
+
+    def cache_full_blocks(self, seq: Sequence, num_computed_tokens: int, extra: bytes = b"") -> None:
+        """Register the hashes of blocks whose tokens now all have KV in the cache."""
+        if not self.enable_prefix_caching or seq.want_prompt_logits:
+            return
+        num_full = min(num_computed_tokens // self.block_size, len(seq.block_table))
+        hashes = self._hashes(seq, num_full, extra)
+        for i in range(num_full):
+            block = self.blocks[seq.block_table[i]]
+            if block.hash is not None:
+                continue
+            h = hashes[i]
+            if h in self.cached:
+                continue  # the same prefix already sits in another block
+            block.hash = h
+            self.cached[h] = block.block_id
+
+    def free(self, seq: Sequence) -> None:
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            assert block.ref_count >= 0, f"block {block_id} freed twice"
+            if block.ref_count == 0:
+                self.free_queue[block_id] = None  # most recently used: evicted last
+        seq.block_table = []
+
+    def forget(self, seq: Sequence) -> None:
+        """Drop per-sequence bookkeeping once a request is done for good."""
+        self._seq_hashes.pop(seq.request_id, None)
+
+    def reset_prefix_cache(self) -> None:
+        for block in self.blocks:
+            if block.ref_count == 0:
+                block.hash = None
+        self.cached = {h: b for h, b in self.cached.items() if self.blocks[b].hash == h}

@@ -1,0 +1,295 @@
+"""LLMEngine: requests in, one scheduled forward pass per step, outputs out.
+
+Sizing: the KV cache gets a byte budget (--kv-cache-memory, or a fraction of
+free memory); the engine logs how many tokens fit and caps max_model_len to
+what one sequence can hold.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Sequence as Seq
+
+import torch
+
+from edgellm.config import EngineConfig, ModelConfig
+from edgellm.engine.block_manager import BlockManager
+from edgellm.engine.output import (
+    CompletionOutput,
+    RequestMetrics,
+    RequestOutput,
+    TextState,
+    check_finish,
+)
+from edgellm.engine.runner import ModelRunner, kv_cache_bytes_per_block
+from edgellm.engine.scheduler import Scheduler
+from edgellm.engine.sequence import FinishReason, Sequence, Status
+from edgellm.loader import load_model, model_config, resolve_checkpoint
+from edgellm.sampling import SamplingParams
+from edgellm.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+def _available_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 4 << 30
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = torch.device(config.device)
+        torch.manual_seed(config.seed)
+        self.checkpoint = resolve_checkpoint(config.model)
+        mcfg: ModelConfig = model_config(self.checkpoint)
+        self.model_config = mcfg
+        self.tokenizer = Tokenizer.load(self.checkpoint.path, self.checkpoint.kind, config.chat_template)
+        self.eos_token_ids = list(mcfg.eos_token_ids)
+        if self.tokenizer is not None:
+            self.eos_token_ids += [t for t in self.tokenizer.eos_token_ids if t not in self.eos_token_ids]
+
+        if config.kv_cache_dtype != "auto":
+            raise ValueError(f"kv_cache_dtype {config.kv_cache_dtype!r} is not available in this build")
+        self.kv_dtype = config.torch_dtype
+        requested_len = config.max_model_len or mcfg.max_position_embeddings
+        if config.max_model_len and config.max_model_len > mcfg.max_position_embeddings:
+            logger.warning("max_model_len %d exceeds the model's max_position_embeddings %d",
+                           config.max_model_len, mcfg.max_position_embeddings)
+        self.model = load_model(self.checkpoint, config.torch_dtype, self.device, max_position=requested_len)
+
+        per_block = kv_cache_bytes_per_block(self.model, config.block_size, self.kv_dtype)
+        budget = config.kv_cache_memory or int(_available_memory(self.device) * config.kv_cache_memory_fraction)
+        num_blocks = budget // per_block
+        capacity = num_blocks * config.block_size
+        if num_blocks < 1:
+            raise ValueError(
+                f"KV cache budget of {budget} bytes holds no block ({per_block} bytes per "
+                f"{config.block_size}-token block); raise kv_cache_memory"
+            )
+        if capacity < requested_len:
+            if config.max_model_len:
+                raise ValueError(
+                    f"max_model_len {config.max_model_len} needs {requested_len} KV tokens but the "
+                    f"cache budget ({budget} bytes) holds {capacity}; raise kv_cache_memory or lower "
+                    f"max_model_len"
+                )
+            logger.warning("max_model_len capped from %d to %d by the KV cache budget", requested_len, capacity)
+            requested_len = capacity
+        self.max_model_len = requested_len
+        logger.info(
+            "KV cache: %d blocks x %d tokens = %d tokens (%.1f MiB, %s); max_model_len %d",
+            num_blocks, config.block_size, capacity, num_blocks * per_block / 2**20,
+            str(self.kv_dtype).replace("torch.", ""), self.max_model_len,
+        )
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, self._cache_key
+        )
+        self.runner = ModelRunner(self.model, num_blocks, config.block_size, self.kv_dtype, self.device)
+        self.seqs: dict[str, Sequence] = {}
+        self.text: dict[str, TextState] = {}
+        self.prompts: dict[str, str | None] = {}
+        self._counter = itertools.count()
+        self.num_steps = 0
+
+    # --------------------------------------------------------------- requests
+    def _cache_key(self, seq: Sequence) -> bytes:
+        rotary = self.model.model.rotary
+        if rotary.long_threshold is not None and seq.num_tokens > rotary.long_threshold:
+            return b"long-rope"
+        return b""
+
+    def tokenize_prompt(self, prompt: str | Seq[int]) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model has no tokenizer: give the prompt as token ids")
+            return prompt, self.tokenizer.encode(prompt)
+        ids = [int(t) for t in prompt]
+        return None, ids
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | Seq[int],
+        params: SamplingParams | None = None,
+        want_prompt_logits: bool = False,
+    ) -> None:
+        params = params or SamplingParams()
+        if request_id in self.seqs:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        text, ids = self.tokenize_prompt(prompt)
+        self.validate_prompt(ids, params)
+        if params.stop_strings and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; this model has none")
+        seq = Sequence(request_id, ids, params, self.eos_token_ids, next(self._counter), want_prompt_logits)
+        self.seqs[request_id] = seq
+        self.text[request_id] = TextState(seq, self.tokenizer)
+        self.prompts[request_id] = text
+        self.scheduler.add(seq)
+
+    def validate_prompt(self, ids: list[int], params: SamplingParams) -> None:
+        if not ids:
+            raise ValueError("the prompt is empty")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens; this model accepts at most {self.max_model_len - 1} "
+                f"(max_model_len {self.max_model_len}, one position is kept for the output)"
+            )
+        vocab = self.model_config.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} is out of the vocabulary (size {vocab})")
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now; its KV blocks are free when this returns."""
+        seq = self.seqs.get(request_id)
+        if seq is None or seq.is_finished:
+            return None
+        self.scheduler.finish(seq, FinishReason.ABORT)
+        return self._finalize(seq)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self.scheduler.waiting) + len(self.scheduler.running)
+
+    # ------------------------------------------------------------------- step
+    def step(self) -> list[RequestOutput]:
+        """Plan and run one step; returns an output for each request that advanced or finished."""
+        sched = self.scheduler.schedule()
+        if not sched:
+            return []
+        now = time.monotonic()
+        for item in sched.scheduled:
+            if item.seq.timing.first_scheduled is None:
+                item.seq.timing.first_scheduled = now
+        result = self.runner.execute(sched)
+        self.num_steps += 1
+        outputs: list[RequestOutput] = []
+        now = time.monotonic()
+        for item in sched.scheduled:
+            seq = item.seq
+            seq.num_computed_tokens += item.num_new_tokens
+            self.block_manager.cache_full_blocks(seq, seq.num_computed_tokens, self._cache_key(seq))
+            chunk_logits = result.prompt_logits.get(seq.request_id)
+            if chunk_logits is not None:
+                seq.prompt_logits.append(chunk_logits)
+            token = result.sampled.get(seq.request_id)
+            if token is None:
+                continue
+            if seq.want_prompt_logits:
+                self.scheduler.finish(seq, FinishReason.LENGTH)
+                outputs.append(self._finalize(seq))
+                continue
+            outputs.append(self._append_token(seq, token, result.logprobs.get(seq.request_id), now))
+        return outputs
+
+    def _append_token(
+        self, seq: Sequence, token: int, logprob: tuple[float, list[tuple[int, float]]] | None, now: float
+    ) -> RequestOutput:
+        seq.append_token(token)
+        if logprob is not None:
+            seq.logprobs.append(logprob)
+        if seq.timing.first_token is None:
+            seq.timing.first_token = now
+        state = self.text[seq.request_id]
+        stop_str = state.add_token(token)
+        reason = check_finish(seq, token, self.max_model_len)
+        if stop_str is not None:
+            seq.stop_reason = stop_str
+            reason = FinishReason.STOP
+        if reason is None:
+            threshold = self.model.model.rotary.long_threshold
+            if threshold is not None and seq.num_tokens == threshold + 1 and seq.num_computed_tokens == threshold:
+                # longrope: crossing the pretraining length switches every position to the long
+                # factors, so the cached K (rotated with the short ones) is recomputed, as
+                # transformers does for Phi-3.
+                self.scheduler.recompute(seq)
+            return self._output(seq, [token])
+        state.finish(stop_str, seq.params.include_stop_str_in_output)
+        self.scheduler.finish(seq, reason)
+        return self._finalize(seq, [token])
+
+    def _output(self, seq: Sequence, delta_ids: list[int]) -> RequestOutput:
+        state = self.text[seq.request_id]
+        delta = state.release(seq.is_finished)
+        completion = CompletionOutput(
+            index=0,
+            text=state.text[: state.released],
+            token_ids=list(seq.output_token_ids),
+            finish_reason=seq.finish_reason.value if seq.finish_reason else None,
+            stop_reason=seq.stop_reason,
+            logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
+        )
+        t = seq.timing
+        metrics = RequestMetrics(
+            t.arrival, t.first_scheduled, t.first_token, t.finished, seq.num_prompt_tokens,
+            seq.num_cached_tokens, len(seq.output_token_ids), seq.num_preemptions,
+        )
+        logits = torch.cat(seq.prompt_logits) if seq.is_finished and seq.want_prompt_logits else None
+        return RequestOutput(
+            request_id=seq.request_id,
+            prompt=self.prompts.get(seq.request_id),
+            prompt_token_ids=seq.prompt_token_ids,
+            outputs=[completion],
+            finished=seq.is_finished,
+            delta_text=delta,
+            delta_token_ids=delta_ids,
+            metrics=metrics,
+            prompt_logits=logits,
+            error=seq.error,
+        )
+
+    def _finalize(self, seq: Sequence, delta_ids: list[int] | None = None) -> RequestOutput:
+        seq.timing.finished = time.monotonic()
+        out = self._output(seq, delta_ids or [])
+        self.seqs.pop(seq.request_id, None)
+        self.text.pop(seq.request_id, None)
+        self.prompts.pop(seq.request_id, None)
+        return out
+
+    def fail_requests(self, request_ids: Seq[str], message: str) -> list[RequestOutput]:
+        """Finish these requests with an error (e.g. the step that held them raised)."""
+        outs = []
+        for rid in request_ids:
+            seq = self.seqs.get(rid)
+            if seq is None or seq.is_finished:
+                continue
+            seq.error = message
+            self.scheduler.finish(seq, FinishReason.ERROR)
+            outs.append(self._finalize(seq))
+        return outs
+
+    def running_request_ids(self) -> list[str]:
+        return [s.request_id for s in self.scheduler.running]
+
+    def stats(self) -> dict[str, float]:
+        bm = self.block_manager
+        return {
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting),
+            "kv_blocks_total": bm.num_blocks,
+            "kv_blocks_held": bm.num_held_blocks,
+            "kv_usage": bm.num_held_blocks / bm.num_blocks,
+            "prefix_cache_queries": bm.prefix_queries,
+            "prefix_cache_hits": bm.prefix_hits,
+            "num_preemptions": self.scheduler.num_preemptions,
+            "num_steps": self.num_steps,
+        }
+
+
+__all__ = ["LLMEngine", "RequestOutput", "CompletionOutput", "Status"]

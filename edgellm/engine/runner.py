@@ -1,0 +1,138 @@
+"""Runs one scheduled step: flatten it into tensors, run the model once for all
+requests, project the needed rows to logits and sample."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from edgellm.batch import AttentionMetadata, ForwardBatch
+from edgellm.engine.scheduler import SchedulerOutput
+from edgellm.models.decoder import CausalLM
+from edgellm.sampling import Sampler, SampleResult
+
+logger = logging.getLogger(__name__)
+
+
+def kv_cache_bytes_per_block(model: CausalLM, block_size: int, dtype: torch.dtype) -> int:
+    cfg = model.config
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * elem
+
+
+@dataclass
+class StepResult:
+    # request_id -> sampled token (only sequences whose chunk reached their last token)
+    sampled: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, tuple[float, list[tuple[int, float]]]] = field(default_factory=dict)
+    # request_id -> float32 logits [chunk_len, vocab] (prompt_logits mode)
+    prompt_logits: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: CausalLM,
+        num_blocks: int,
+        block_size: int,
+        kv_dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.model = model
+        self.block_size = block_size
+        self.device = torch.device(device)
+        cfg = model.config
+        self.kv_caches = []
+        for attn in model.attention_layers():
+            cache = torch.zeros(2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
+                                dtype=kv_dtype, device=self.device)
+            attn.kv_cache = cache
+            self.kv_caches.append(cache)
+        self.sampler = Sampler()
+        self.needs_seq_lens = model.model.rotary.long_threshold is not None
+
+    def build_batch(self, sched: SchedulerOutput) -> tuple[ForwardBatch, list[int]]:
+        """Flatten the step. Returns the batch and, per scheduled sequence, its logits row count."""
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        seq_lens: list[int] = []
+        qsl = [0]
+        logits_rows: list[int] = []
+        rows_per_seq: list[int] = []
+        total_lens: list[int] = []
+        for item in sched.scheduled:
+            seq, n = item.seq, item.num_new_tokens
+            start = seq.num_computed_tokens
+            end = start + n
+            table = seq.block_table
+            input_ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            seq_lens.append(end)
+            qsl.append(qsl[-1] + n)
+            if self.needs_seq_lens:
+                total_lens.extend([seq.num_tokens] * n)
+            if seq.want_prompt_logits:
+                logits_rows.extend(range(qsl[-2], qsl[-1]))
+                rows_per_seq.append(n)
+            elif item.samples:
+                logits_rows.append(qsl[-1] - 1)
+                rows_per_seq.append(1)
+            else:
+                rows_per_seq.append(0)
+        max_blocks = max(len(item.seq.block_table) for item in sched.scheduled)
+        tables = torch.zeros(len(sched.scheduled), max_blocks, dtype=torch.int32)
+        for i, item in enumerate(sched.scheduled):
+            t = item.seq.block_table
+            tables[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            block_tables=tables.to(dev),
+            seq_lens=seq_lens,
+            query_start_loc=qsl,
+            num_decodes=sched.num_decodes,
+            seq_lens_tensor=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            query_start_loc_tensor=torch.tensor(qsl, dtype=torch.int32, device=dev),
+        )
+        batch = ForwardBatch(
+            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=dev),
+            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
+            attn=meta,
+            logits_indices=torch.tensor(logits_rows, dtype=torch.int64, device=dev),
+            seq_total_lens=torch.tensor(total_lens, dtype=torch.int64, device=dev) if total_lens else None,
+        )
+        return batch, rows_per_seq
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> StepResult:
+        batch, rows_per_seq = self.build_batch(sched)
+        hidden = self.model(batch)
+        result = StepResult()
+        if batch.logits_indices.numel() == 0:
+            return result
+        logits = self.model.compute_logits(hidden[batch.logits_indices])
+        sample_rows: list[int] = []
+        sample_seqs = []
+        row = 0
+        for item, count in zip(sched.scheduled, rows_per_seq):
+            if count == 0:
+                continue
+            seq = item.seq
+            if seq.want_prompt_logits:
+                result.prompt_logits[seq.request_id] = logits[row:row + count].cpu()
+            if item.samples:
+                sample_rows.append(row + count - 1)
+                sample_seqs.append(seq)
+            row += count
+        if sample_seqs:
+            sampled: SampleResult = self.sampler(logits[sample_rows], sample_seqs)
+            for seq, tok, lp in zip(sample_seqs, sampled.token_ids, sampled.logprobs):
+                result.sampled[seq.request_id] = tok
+                if lp is not None:
+                    result.logprobs[seq.request_id] = lp
+        return result

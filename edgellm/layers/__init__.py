@@ -1,0 +1,1 @@
+"""Model building blocks: linear (delegating to a quant method), attention, rotary, norm."""

@@ -1,0 +1,155 @@
+"""The offline API, shaped like vLLM's: LLM(...).generate / chat / prompt_logits."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Sequence as Seq
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from edgellm.config import EngineConfig
+from edgellm.engine.engine import LLMEngine
+from edgellm.engine.output import RequestOutput
+from edgellm.sampling import SamplingParams
+
+Prompt = str | Seq[int]
+
+
+def _as_prompt_list(prompts: Prompt | Seq[Prompt]) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    items = list(prompts)
+    if items and all(isinstance(t, int) for t in items):
+        return [items]  # one prompt given as token ids
+    return items
+
+
+def expand_n(params: SamplingParams) -> list[SamplingParams]:
+    """n > 1 runs as n sequences (seeded ones get seed, seed+1, ...)."""
+    if params.n == 1:
+        return [params]
+    return [
+        dataclasses.replace(params, n=1, seed=None if params.seed is None else params.seed + i)
+        for i in range(params.n)
+    ]
+
+
+class LLM:
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        dtype: str | torch.dtype = "auto",
+        block_size: int = 16,
+        max_num_batched_tokens: int = 2048,
+        max_num_seqs: int = 64,
+        enable_prefix_caching: bool = True,
+        kv_cache_memory: int | None = None,
+        max_model_len: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        config = EngineConfig(
+            model=model,
+            dtype=dtype,
+            block_size=block_size,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            enable_prefix_caching=enable_prefix_caching,
+            kv_cache_memory=kv_cache_memory,
+            max_model_len=max_model_len,
+            **kwargs,
+        )
+        self.engine = LLMEngine(config)
+        self._ids = itertools.count()
+
+    def get_tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Seq[Prompt],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Run all prompts together (continuously batched); outputs in prompt order."""
+        items = _as_prompt_list(prompts)
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params or SamplingParams()] * len(items)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(items):
+                raise ValueError("give one SamplingParams, or one per prompt")
+        groups: list[list[str]] = []
+        added: list[str] = []
+        try:
+            for prompt, params in zip(items, params_list):
+                base = str(next(self._ids))
+                ids = []
+                for j, p in enumerate(expand_n(params)):
+                    rid = f"{base}-{j}"
+                    self.engine.add_request(rid, prompt, p)
+                    added.append(rid)
+                    ids.append(rid)
+                groups.append(ids)
+        except Exception:
+            for rid in added:
+                self.engine.abort_request(rid)
+            raise
+        finals = self._run(added, use_tqdm)
+        results = []
+        for ids in groups:
+            first = finals[ids[0]]
+            outputs = []
+            for j, rid in enumerate(ids):
+                completion = finals[rid].outputs[0]
+                completion.index = j
+                outputs.append(completion)
+            results.append(dataclasses.replace(first, request_id=ids[0].rsplit("-", 1)[0], outputs=outputs))
+        return results
+
+    def _run(self, request_ids: list[str], use_tqdm: bool) -> dict[str, RequestOutput]:
+        pending = set(request_ids)
+        finals: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(pending), desc="generate", disable=not use_tqdm)
+        try:
+            while pending:
+                if not self.engine.has_unfinished_requests():
+                    raise RuntimeError("engine went idle with requests unfinished")
+                for out in self.engine.step():
+                    if out.finished and out.request_id in pending:
+                        finals[out.request_id] = out
+                        pending.discard(out.request_id)
+                        bar.update(1)
+        finally:
+            bar.close()
+            for rid in pending:
+                self.engine.abort_request(rid)
+        return finals
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        tok = self.engine.tokenizer
+        if tok is None:
+            raise ValueError("this model has no tokenizer, so no chat template")
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [tok.encode_chat(list(c), add_generation_prompt) for c in conversations]  # type: ignore[arg-type]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def prompt_logits(self, token_id_lists: Seq[Seq[int]]) -> list[torch.Tensor]:
+        """float32 logits [len(prompt), vocab] for every position of every prompt."""
+        ids = []
+        for prompt in token_id_lists:
+            rid = f"logits-{next(self._ids)}"
+            self.engine.add_request(rid, list(prompt), SamplingParams(max_tokens=1, temperature=0.0),
+                                    want_prompt_logits=True)
+            ids.append(rid)
+        finals = self._run(ids, use_tqdm=False)
+        return [finals[rid].prompt_logits for rid in ids]  # type: ignore[misc]

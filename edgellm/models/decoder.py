@@ -1,0 +1,148 @@
+"""One Llama-family decoder for every supported architecture.
+
+Module paths follow the Llama checkpoint layout with q/k/v fused into
+qkv_proj and gate/up into gate_up_proj; models.arch maps each
+architecture's checkpoint names onto them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edgellm.batch import ForwardBatch
+from edgellm.config import ModelConfig
+from edgellm.layers.attention import Attention
+from edgellm.layers.linear import Linear
+from edgellm.layers.norm import RMSNorm
+from edgellm.layers.rotary import RotaryEmbedding
+from edgellm.quant.schemes import QuantScheme, UnquantizedLinearMethod
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, scheme: QuantScheme, dtype: torch.dtype) -> None:
+        super().__init__()
+        p = f"model.layers.{layer}.self_attn"
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
+        self.qkv_proj = Linear(
+            cfg.hidden_size,
+            {"q": cfg.q_size, "k": cfg.kv_size, "v": cfg.kv_size},
+            cfg.qkv_bias,
+            scheme.linear_method(f"{p}.qkv_proj"),
+            dtype,
+            f"{p}.qkv_proj",
+        )
+        self.o_proj = Linear(
+            cfg.q_size, cfg.hidden_size, cfg.o_bias, scheme.linear_method(f"{p}.o_proj"), dtype, f"{p}.o_proj"
+        )
+        self.attn = Attention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.sliding_windows[layer])
+
+    def forward(
+        self, x: torch.Tensor, rotary: RotaryEmbedding, cos_sin: tuple[torch.Tensor, torch.Tensor],
+        batch: ForwardBatch,
+    ) -> torch.Tensor:
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+        q = q.reshape(-1, self.num_heads, self.head_dim)
+        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
+        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
+        q, k = rotary.apply(q, k, *cos_sin)
+        o = self.attn(q, k, v, batch.attn)
+        return self.o_proj(o.reshape(-1, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, scheme: QuantScheme, dtype: torch.dtype) -> None:
+        super().__init__()
+        p = f"model.layers.{layer}.mlp"
+        self.intermediate_size = cfg.intermediate_size
+        self.gate_up_proj = Linear(
+            cfg.hidden_size,
+            {"gate": cfg.intermediate_size, "up": cfg.intermediate_size},
+            cfg.mlp_bias,
+            scheme.linear_method(f"{p}.gate_up_proj"),
+            dtype,
+            f"{p}.gate_up_proj",
+        )
+        self.down_proj = Linear(
+            cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias,
+            scheme.linear_method(f"{p}.down_proj"), dtype, f"{p}.down_proj",
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, scheme: QuantScheme, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.self_attn = SelfAttention(cfg, layer, scheme, dtype)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.mlp = MLP(cfg, layer, scheme, dtype)
+
+    def forward(
+        self, x: torch.Tensor, rotary: RotaryEmbedding, cos_sin: tuple[torch.Tensor, torch.Tensor],
+        batch: ForwardBatch,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rotary, cos_sin, batch)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Embedding(nn.Module):
+    def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, dtype=dtype), requires_grad=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, scheme: QuantScheme, dtype: torch.dtype, max_position: int) -> None:
+        super().__init__()
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, dtype)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, scheme, dtype) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.rotary = RotaryEmbedding(
+            cfg.head_dim, max_position, cfg.rope_theta, cfg.rope_scaling, cfg.partial_rotary_factor
+        )
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        x = self.embed_tokens(batch.input_ids)
+        cos_sin = self.rotary.cos_sin_for(batch.positions, batch.seq_total_lens, x.dtype)
+        for layer in self.layers:
+            x = layer(x, self.rotary, cos_sin, batch)
+        return self.norm(x)
+
+
+class CausalLM(nn.Module):
+    """The whole model: hidden states for a flattened step, logits for chosen rows."""
+
+    def __init__(
+        self, cfg: ModelConfig, scheme: QuantScheme, dtype: torch.dtype, max_position: int | None = None
+    ) -> None:
+        super().__init__()
+        self.config = cfg
+        self.dtype = dtype
+        self.model = DecoderModel(cfg, scheme, dtype, max_position or cfg.max_position_embeddings)
+        if cfg.tie_word_embeddings:
+            self.lm_head = None
+        else:
+            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, False, UnquantizedLinearMethod(),
+                                  dtype, "lm_head")
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        return self.model(batch)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, hidden] -> float32 [N, vocab]."""
+        if self.lm_head is None:
+            return F.linear(hidden, self.model.embed_tokens.weight).float()
+        return self.lm_head(hidden).float()
+
+    def attention_layers(self) -> list[Attention]:
+        return [layer.self_attn.attn for layer in self.model.layers]

@@ -1,0 +1,2 @@
+"""Compute kernels (edgellm.kernels): each op's torch reference (the CPU backend)
+beside its Triton kernel (the CUDA backend)."""

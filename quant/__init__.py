@@ -1,0 +1,1 @@
+"""Checkpoint formats (edgellm.quant): schemes, per-format packing and loading."""
