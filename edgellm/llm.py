@@ -65,6 +65,13 @@ class LLM:
         self.engine = LLMEngine(config)
         self._ids = itertools.count()
 
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLM:
+        llm = cls.__new__(cls)
+        llm.engine = LLMEngine(config)
+        llm._ids = itertools.count()
+        return llm
+
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
 

@@ -133,7 +133,7 @@ class GGUFCheckpoint:
             shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims innermost first
             if int(np.prod(arr.shape)) != int(np.prod(shape)):
                 raise GGUFError(f"{self.path}: tensor {t.name!r} is truncated")
-            w = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)).reshape(shape)
+            w = torch.from_numpy(np.array(arr, dtype=np.float32)).reshape(shape)  # a copy: the file is mapped read-only
             if self.permuted_qk and (".q_proj." in name or ".k_proj." in name):
                 w = _unpermute(w, heads if ".q_proj." in name else kv_heads)
             yield name, w

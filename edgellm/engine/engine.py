@@ -33,6 +33,10 @@ from edgellm.tokenizer import Tokenizer
 logger = logging.getLogger(__name__)
 
 
+# On CPU the cache is zeroed up front; a small model needs far less than a fraction of RAM.
+_CPU_DEFAULT_KV_CAP = 1 << 30
+
+
 def _available_memory(device: torch.device) -> int:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
@@ -71,6 +75,8 @@ class LLMEngine:
 
         per_block = kv_cache_bytes_per_block(self.model, config.block_size, self.kv_dtype)
         budget = config.kv_cache_memory or int(_available_memory(self.device) * config.kv_cache_memory_fraction)
+        if config.kv_cache_memory is None and self.device.type == "cpu":
+            budget = min(budget, _CPU_DEFAULT_KV_CAP)
         num_blocks = budget // per_block
         capacity = num_blocks * config.block_size
         if num_blocks < 1:

@@ -1,0 +1,137 @@
+"""edgellm command line: generate | chat | serve | models | convert | bench."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from edgellm.config import EngineConfig
+
+
+def _memory(value: str) -> int:
+    """Bytes, with an optional K/M/G/KiB/MiB/GiB suffix."""
+    v = value.strip().upper().replace("IB", "").replace("B", "")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(v[-1:], 1)
+    try:
+        return int(float(v[:-1] if v[-1:] in "KMG" else v) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a memory size: {value!r} (e.g. 512M, 2G)") from None
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", default=None,
+                   help="HF directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+    g.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16 (auto: fp32 on CPU)")
+    g.add_argument("--device", default="cpu", help="cpu | cuda")
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--max-num-seqs", type=int, default=64)
+    g.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
+    g.add_argument("--kv-cache-memory", type=_memory, default=None,
+                   help="KV cache size in bytes (e.g. 1G); default: a fraction of free memory")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--chat-template", default=None, help="a Jinja chat template (file or string)")
+
+
+def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
+    fields = dict(
+        model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
+        kv_cache_dtype=args.kv_cache_dtype, kv_cache_memory=args.kv_cache_memory, seed=args.seed,
+        chat_template=args.chat_template,
+    )
+    fields.update(overrides)
+    return EngineConfig(**fields)
+
+
+def _sampling(args: argparse.Namespace) -> Any:
+    from edgellm.sampling import SamplingParams
+
+    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                          top_k=args.top_k, seed=args.sampling_seed)
+
+
+def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--sampling-seed", type=int, default=None)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from edgellm.llm import LLM
+
+    llm = LLM.from_config(engine_config(args))
+    prompts = args.prompt or [sys.stdin.read()]
+    outs = llm.chat([[{"role": "user", "content": p}] for p in prompts], _sampling(args)) if args.chat \
+        else llm.generate(prompts, _sampling(args))
+    for out in outs:
+        print(out.outputs[0].text)
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from edgellm.llm import LLM
+
+    llm = LLM.from_config(engine_config(args))
+    messages: list[dict[str, str]] = []
+    if args.system:
+        messages.append({"role": "system", "content": args.system})
+    print("edgellm chat: empty line or Ctrl-D to quit", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ").strip()
+        except EOFError:
+            break
+        if not line:
+            break
+        messages.append({"role": "user", "content": line})
+        reply = llm.chat(messages, _sampling(args))[0].outputs[0].text
+        print(reply)
+        messages.append({"role": "assistant", "content": reply})
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="edgellm", description="Low-latency LLM serving for one machine")
+    parser.add_argument("--log-level", default="INFO")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("generate", help="complete prompts (or chat turns with --chat) and print them")
+    p.add_argument("prompt", nargs="*", help="prompts (default: stdin)")
+    p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
+                   help="wrap each prompt as a user turn of the chat template (default on)")
+    add_engine_args(p)
+    _add_sampling_args(p)
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("chat", help="interactive chat in the terminal")
+    p.add_argument("--system", default=None, help="a system prompt")
+    add_engine_args(p)
+    _add_sampling_args(p)
+    p.set_defaults(func=cmd_chat)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, OSError) as exc:
+        print(f"edgellm: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

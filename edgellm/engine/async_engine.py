@@ -1,0 +1,212 @@
+"""AsyncEngine: the LLMEngine stepping on a background thread, for the server.
+
+Callers (asyncio) get an async stream of outputs per request. Adds and aborts
+go through an inbox the engine thread drains before every step, so the
+engine's state is only ever touched by its own thread; an aborted request's
+KV blocks are free before the next step runs. An exception inside a step
+fails the requests of that step and the engine keeps serving the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from typing import Any
+
+from edgellm.config import EngineConfig
+from edgellm.engine.engine import LLMEngine
+from edgellm.engine.output import RequestOutput
+from edgellm.sampling import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    pass
+
+
+@dataclass
+class _Add:
+    request_id: str
+    prompt_ids: list[int]
+    prompt_text: str | None
+    params: SamplingParams
+    stream: _Stream
+
+
+class _Stream:
+    """Outputs of one request, handed from the engine thread to the event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self.finished = False
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine | EngineConfig) -> None:
+        self.engine = engine if isinstance(engine, LLMEngine) else LLMEngine(engine)
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._adds: list[_Add] = []
+        self._aborts: list[str] = []
+        self._streams: dict[str, _Stream] = {}
+        self._stopped = False
+        self._dead: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="edgellm-engine", daemon=True)
+        self._thread.start()
+        self.last_step_time = 0.0
+
+    # ----------------------------------------------------------------- facts
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    def stats(self) -> dict[str, float]:
+        with self._lock:
+            s = self.engine.stats()
+            s["num_pending_adds"] = len(self._adds)
+        return s
+
+    @property
+    def num_requests(self) -> int:
+        """Requests accepted and not yet finished (queued in the inbox included)."""
+        with self._lock:
+            return len(self._streams)
+
+    # ------------------------------------------------------------------ API
+    def prepare(self, prompt: str | Seq[int], params: SamplingParams) -> tuple[str | None, list[int]]:
+        """Tokenize and validate in the caller's thread; raises ValueError on bad input."""
+        text, ids = self.engine.tokenize_prompt(prompt)
+        self.engine.validate_prompt(ids, params)
+        if params.stop_strings and self.engine.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; this model has none")
+        return text, ids
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt: str | Seq[int],
+        params: SamplingParams,
+        prepared: tuple[str | None, list[int]] | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Submit a request and stream its outputs; closing the stream aborts the request."""
+        if self._dead is not None:
+            raise EngineDeadError(f"the engine has stopped: {self._dead}")
+        text, ids = prepared or self.prepare(prompt, params)
+        stream = _Stream(asyncio.get_running_loop())
+        with self._wake:
+            if request_id in self._streams:
+                raise ValueError(f"request id {request_id!r} is already in use")
+            self._streams[request_id] = stream
+            self._adds.append(_Add(request_id, ids, text, params, stream))
+            self._wake.notify()
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    stream.finished = True
+                    return
+        finally:
+            if not stream.finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Abort from any thread; the request's blocks are freed before the next step."""
+        with self._wake:
+            self._aborts.append(request_id)
+            self._wake.notify()
+
+    def shutdown(self) -> None:
+        with self._wake:
+            self._stopped = True
+            self._wake.notify()
+        self._thread.join(timeout=10)
+
+    # --------------------------------------------------------- engine thread
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, RequestOutput | BaseException]]] = {}
+        with self._lock:
+            for out in outputs:
+                stream = self._streams.get(out.request_id)
+                if stream is None:
+                    continue
+                if out.finished:
+                    del self._streams[out.request_id]
+                by_loop.setdefault(stream.loop, []).append((stream, out))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:
+                pass  # the caller's loop is closed: nobody is listening
+
+    def _drain_inbox(self) -> None:
+        with self._lock:
+            adds, self._adds = self._adds, []
+            aborts, self._aborts = self._aborts, []
+        failed: list[tuple[_Stream, RequestOutput | BaseException]] = []
+        for add in adds:
+            if add.request_id in aborts:
+                with self._lock:
+                    self._streams.pop(add.request_id, None)
+                continue
+            try:
+                self.engine.add_request(add.request_id, add.prompt_ids, add.params)
+                self.engine.prompts[add.request_id] = add.prompt_text
+            except Exception as exc:
+                with self._lock:
+                    self._streams.pop(add.request_id, None)
+                failed.append((add.stream, exc))
+        for rid in aborts:
+            self.engine.abort_request(rid)
+            with self._lock:
+                self._streams.pop(rid, None)
+        for stream, exc in failed:
+            stream.loop.call_soon_threadsafe(_put_all, [(stream, exc)])
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stopped and not self._adds and not self._aborts \
+                        and not self.engine.has_unfinished_requests():
+                    self._wake.wait()
+                if self._stopped:
+                    break
+            self._drain_inbox()
+            if not self.engine.has_unfinished_requests():
+                continue
+            start = time.perf_counter()
+            try:
+                outputs = self.engine.step()
+            except Exception as exc:  # fail this step's requests, keep serving the others
+                logger.exception("engine step failed")
+                outputs = self.engine.fail_requests(self.engine.running_request_ids(),
+                                                    f"internal error in the engine step: {exc}")
+            self.last_step_time = time.perf_counter() - start
+            if outputs:
+                self._deliver(outputs)
+        # shutting down: tell every listener
+        with self._lock:
+            streams, self._streams = list(self._streams.values()), {}
+        for stream in streams:
+            try:
+                stream.loop.call_soon_threadsafe(_put_all, [(stream, EngineDeadError("engine shut down"))])
+            except RuntimeError:
+                pass
+
+
+def _put_all(items: list[tuple[_Stream, RequestOutput | BaseException]]) -> None:
+    for stream, item in items:
+        stream.queue.put_nowait(item)
