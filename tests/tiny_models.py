@@ -40,8 +40,12 @@ def tiny_config(arch: str) -> transformers.PretrainedConfig:
         return transformers.LlamaConfig(**{**COMMON, "tie_word_embeddings": True, "num_key_value_heads": 1})
     if arch == "mistral":  # sliding window smaller than the test sequences
         return transformers.MistralConfig(**COMMON, sliding_window=24)
-    if arch == "qwen2":  # q/k/v biases
-        return transformers.Qwen2Config(**COMMON)
+    if arch == "qwen2":  # q/k/v biases; Qwen2.5's long-context yarn rope scaling
+        return transformers.Qwen2Config(
+            **COMMON,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                             "original_max_position_embeddings": 32},
+        )
     if arch == "phi3":  # fused qkv/gate_up, longrope with short/long factors
         half = COMMON["hidden_size"] // COMMON["num_attention_heads"] // 2
         return transformers.Phi3Config(

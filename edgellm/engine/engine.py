@@ -57,7 +57,7 @@ class LLMEngine:
         self.device = torch.device(config.device)
         torch.manual_seed(config.seed)
         self.checkpoint = resolve_checkpoint(config.model)
-        mcfg: ModelConfig = model_config(self.checkpoint)
+        mcfg: ModelConfig = model_config(self.checkpoint, config.architecture)
         self.model_config = mcfg
         self.tokenizer = Tokenizer.load(self.checkpoint.path, self.checkpoint.kind, config.chat_template)
         self.eos_token_ids = list(mcfg.eos_token_ids)
@@ -71,7 +71,8 @@ class LLMEngine:
         if config.max_model_len and config.max_model_len > mcfg.max_position_embeddings:
             logger.warning("max_model_len %d exceeds the model's max_position_embeddings %d",
                            config.max_model_len, mcfg.max_position_embeddings)
-        self.model = load_model(self.checkpoint, config.torch_dtype, self.device, max_position=requested_len)
+        self.model = load_model(self.checkpoint, config.torch_dtype, self.device, max_position=requested_len,
+                                architecture=config.architecture)
 
         per_block = kv_cache_bytes_per_block(self.model, config.block_size, self.kv_dtype)
         budget = config.kv_cache_memory or int(_available_memory(self.device) * config.kv_cache_memory_fraction)

@@ -82,11 +82,15 @@ class RotaryEmbedding(nn.Module):
         theta: float,
         scaling: dict[str, Any] | None = None,
         partial_rotary_factor: float = 1.0,
+        max_position_embeddings: int | None = None,
     ) -> None:
+        """max_position: table size (positions served); max_position_embeddings: the model's
+        own limit, which longrope and yarn derive their scaling from."""
         super().__init__()
         self.head_dim = head_dim
         self.rot_dim = int(head_dim * partial_rotary_factor)
         self.max_position = max_position
+        model_max = max_position_embeddings or max_position
         rope_type = (scaling or {}).get("rope_type", "default")
         self.long_threshold: int | None = None  # longrope: sequences longer use the long table
         scale = 1.0
@@ -97,11 +101,11 @@ class RotaryEmbedding(nn.Module):
         elif rope_type == "llama3":
             inv = _llama3(inv, scaling)  # type: ignore[arg-type]
         elif rope_type == "yarn":
-            inv, scale = _yarn(theta, self.rot_dim, scaling, max_position)  # type: ignore[arg-type]
+            inv, scale = _yarn(theta, self.rot_dim, scaling, model_max)  # type: ignore[arg-type]
         elif rope_type == "longrope":
             assert scaling is not None
             orig = int(scaling["original_max_position_embeddings"])
-            factor = scaling.get("factor") or max_position / orig
+            factor = scaling.get("factor") or model_max / orig
             scale = scaling.get("attention_factor") or (
                 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
             )

@@ -108,7 +108,8 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, scheme, dtype) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.rotary = RotaryEmbedding(
-            cfg.head_dim, max_position, cfg.rope_theta, cfg.rope_scaling, cfg.partial_rotary_factor
+            cfg.head_dim, max_position, cfg.rope_theta, cfg.rope_scaling, cfg.partial_rotary_factor,
+            cfg.max_position_embeddings,
         )
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
