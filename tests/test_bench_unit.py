@@ -1,0 +1,68 @@
+"""edgellm bench internals: percentiles, arrivals, summaries, datasets."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+
+from edgellm.bench.client import RequestResult, arrival_gaps
+from edgellm.bench.datasets import random_requests, voice_requests
+from edgellm.bench.report import parse_goodput, percentile, summarize
+
+
+def test_percentile_matches_numpy_linear():
+    import numpy as np
+
+    xs = [3.0, 1.0, 9.0, 4.0, 7.5, 2.0, 11.0]
+    for p in (0, 50, 90, 95, 99, 100):
+        assert percentile(xs, p) == pytest.approx(float(np.percentile(xs, p)))
+
+
+def test_poisson_and_gamma_arrivals_have_the_requested_rate():
+    gaps = arrival_gaps(4000, rate=5.0, burstiness=1.0, seed=1)
+    assert statistics.mean(gaps) == pytest.approx(0.2, rel=0.06)
+    bursty = arrival_gaps(4000, rate=5.0, burstiness=0.25, seed=1)
+    assert statistics.mean(bursty) == pytest.approx(0.2, rel=0.15)
+    assert statistics.pstdev(bursty) > 1.5 * statistics.pstdev(gaps)  # burstier than Poisson
+    assert arrival_gaps(3, float("inf"), 1.0, 0) == [0.0, 0.0, 0.0]
+
+
+def test_summary_metrics_and_goodput():
+    rs = [
+        RequestResult(True, 10, output_tokens=5, ttft=0.1, itl=[0.02] * 4, e2e=0.18),
+        RequestResult(True, 20, output_tokens=3, ttft=0.3, itl=[0.05] * 2, e2e=0.4),
+        RequestResult(False, 5, error="HTTP 503: busy"),
+    ]
+    s = summarize(rs, elapsed=2.0, slos=parse_goodput(["ttft:200"]))
+    assert s["completed"] == 2 and s["failed"] == 1
+    assert s["output_token_throughput"] == pytest.approx(4.0)
+    assert s["total_token_throughput"] == pytest.approx((30 + 8) / 2)
+    assert s["ttft_ms"]["median"] == pytest.approx(200.0)
+    assert s["tpot_ms"]["mean"] == pytest.approx(((0.18 - 0.1) / 4 + (0.4 - 0.3) / 2) / 2 * 1000)
+    assert s["goodput"]["requests"] == 1
+    assert "HTTP 503: busy" in s["errors"]
+    with pytest.raises(ValueError):
+        parse_goodput(["latency:3"])
+    assert math.isnan(summarize([], 1.0)["ttft_ms"]["median"])
+
+
+class _WordTokenizer:
+    def encode(self, text, add_special_tokens=False):
+        return text.split()
+
+    def decode(self, ids):
+        return " ".join(ids)
+
+
+def test_datasets_hit_requested_lengths():
+    tok = _WordTokenizer()
+    reqs = random_requests(tok, 50, input_len=40, output_len=16, range_ratio=0.5, seed=3, chat=True)
+    lens = [len(r.messages[0]["content"].split()) for r in reqs]
+    assert min(lens) >= 20 and max(lens) <= 60 and len(set(lens)) > 5
+    assert all(r.prompt_len == n for r, n in zip(reqs, lens))
+    voice = voice_requests(tok, 5, system_len=100, user_len=8, output_len=64, seed=0)
+    systems = {r.messages[0]["content"] for r in voice}
+    assert len(systems) == 1 and len(next(iter(systems)).split()) == 100
+    assert len({r.messages[1]["content"] for r in voice}) == 5
