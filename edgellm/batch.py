@@ -22,6 +22,8 @@ class AttentionMetadata:
     num_decodes: int
     seq_lens_tensor: torch.Tensor  # [B] int32 (for kernels)
     query_start_loc_tensor: torch.Tensor  # [B + 1] int32 (for kernels)
+    max_query_len: int = 1  # host-side maxima, so kernels need no device sync to size their grid
+    max_seq_len: int = 1
 
 
 @dataclass

@@ -152,11 +152,11 @@ def _load_into(
         param = getattr(module, target.param, None)
         if not isinstance(param, torch.Tensor) or target.shard is not None:
             raise CheckpointError(f"{source}: unexpected tensor {name!r}")
-        if tuple(param.shape) != tuple(tensor.shape):
+        if tuple(param.shape) != tuple(tensor.shape) and not (param.numel() == tensor.numel() == 1):
             raise CheckpointError(
                 f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
             )
-        param.data.copy_(tensor)
+        param.data.copy_(tensor.reshape(param.shape))
         plain_loaded.add(f"{target.module}.{target.param}")
     missing = []
     for mname, module in modules.items():

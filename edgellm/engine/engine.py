@@ -64,9 +64,7 @@ class LLMEngine:
         if self.tokenizer is not None:
             self.eos_token_ids += [t for t in self.tokenizer.eos_token_ids if t not in self.eos_token_ids]
 
-        if config.kv_cache_dtype != "auto":
-            raise ValueError(f"kv_cache_dtype {config.kv_cache_dtype!r} is not available in this build")
-        self.kv_dtype = config.torch_dtype
+        self.kv_dtype = torch.float8_e4m3fn if config.kv_cache_dtype.startswith("fp8") else config.torch_dtype
         requested_len = config.max_model_len or mcfg.max_position_embeddings
         if config.max_model_len and config.max_model_len > mcfg.max_position_embeddings:
             logger.warning("max_model_len %d exceeds the model's max_position_embeddings %d",
@@ -105,6 +103,10 @@ class LLMEngine:
             self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, self._cache_key
         )
         self.runner = ModelRunner(self.model, num_blocks, config.block_size, self.kv_dtype, self.device)
+        if self.kv_dtype == torch.float8_e4m3fn:
+            given = sum(layer.self_attn.attn.scales_known for layer in self.model.model.layers)
+            logger.info("fp8 KV cache: scales for %d/%d layers from the checkpoint; the rest are computed "
+                        "from the first prefill", given, mcfg.num_layers)
         self.seqs: dict[str, Sequence] = {}
         self.text: dict[str, TextState] = {}
         self.prompts: dict[str, str | None] = {}

@@ -45,10 +45,13 @@ class ModelRunner:
         self.device = torch.device(device)
         cfg = model.config
         self.kv_caches = []
-        for attn in model.attention_layers():
+        for layer in model.model.layers:
             cache = torch.zeros(2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
                                 dtype=kv_dtype, device=self.device)
-            attn.kv_cache = cache
+            sa = layer.self_attn
+            k_scale, v_scale = float(sa.k_scale), float(sa.v_scale)
+            given = kv_dtype == torch.float8_e4m3fn and k_scale == k_scale and v_scale == v_scale
+            sa.attn.bind_cache(cache, k_scale if given else None, v_scale if given else None)
             self.kv_caches.append(cache)
         self.sampler = Sampler()
         self.needs_seq_lens = model.model.rotary.long_threshold is not None
@@ -98,6 +101,8 @@ class ModelRunner:
             num_decodes=sched.num_decodes,
             seq_lens_tensor=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
             query_start_loc_tensor=torch.tensor(qsl, dtype=torch.int32, device=dev),
+            max_query_len=max(item.num_new_tokens for item in sched.scheduled),
+            max_seq_len=max(seq_lens),
         )
         batch = ForwardBatch(
             input_ids=torch.tensor(input_ids, dtype=torch.int64, device=dev),

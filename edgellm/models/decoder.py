@@ -37,7 +37,11 @@ class SelfAttention(nn.Module):
         self.o_proj = Linear(
             cfg.q_size, cfg.hidden_size, cfg.o_bias, scheme.linear_method(f"{p}.o_proj"), dtype, f"{p}.o_proj"
         )
-        self.attn = Attention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.sliding_windows[layer])
+        self.attn = Attention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.sliding_windows[layer], layer)
+        # fp8 KV cache scales, when the checkpoint carries them (compressed-tensors kv_cache_scheme);
+        # NaN = not given. Buffers, not parameters: optional for the loader.
+        self.register_buffer("k_scale", torch.full((), float("nan")), persistent=False)
+        self.register_buffer("v_scale", torch.full((), float("nan")), persistent=False)
 
     def forward(
         self, x: torch.Tensor, rotary: RotaryEmbedding, cos_sin: tuple[torch.Tensor, torch.Tensor],
