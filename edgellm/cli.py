@@ -23,7 +23,8 @@ def _memory(value: str) -> int:
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--model", default=None,
-                   help="HF directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+                   help="HF directory or .gguf file (default: the embedded SmolLM2-135M-Instruct); "
+                        "for serve, also a served name from models.yaml")
     g.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16 (auto: fp32 on CPU)")
     g.add_argument("--device", default="cpu", help="cpu | cuda")
     g.add_argument("--max-model-len", type=int, default=None)
@@ -36,6 +37,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="KV cache size in bytes (e.g. 1G); default: a fraction of free memory")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--chat-template", default=None, help="a Jinja chat template (file or string)")
+    g.add_argument("--architecture", default=None,
+                   help="override the checkpoint's architecture (llama, mistral, qwen2, phi3, exaone)")
 
 
 def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
@@ -44,7 +47,7 @@ def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
         kv_cache_dtype=args.kv_cache_dtype, kv_cache_memory=args.kv_cache_memory, seed=args.seed,
-        chat_template=args.chat_template,
+        chat_template=args.chat_template, architecture=getattr(args, "architecture", None),
     )
     fields.update(overrides)
     return EngineConfig(**fields)
@@ -99,6 +102,47 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        print(f"edgellm serve needs the server extras ({exc.name} is missing): "
+              f"pip install 'edgellm[server]'", file=sys.stderr)
+        return 2
+    if args.max_waiting_requests < 0:
+        print("edgellm: error: --max-waiting-requests must be >= 0", file=sys.stderr)
+        return 2
+    from edgellm.server.launch import serve
+
+    return serve(args)
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from edgellm.registry import load_registry
+
+    specs = load_registry(args.config, check_files=False)
+    if not specs:
+        print(f"{args.config}: no models")
+        return 0
+    rows = [("NAME", "SOURCE", "QUANT", "KV", "MAX LEN", "WARM", "STATUS")]
+    bad = 0
+    for spec in specs.values():
+        try:
+            spec.check_files()
+            status = "ok"
+        except ValueError as exc:
+            status = f"error: {exc}"
+            bad += 1
+        rows.append((spec.name, spec.source, spec.quantization, spec.kv_cache_dtype,
+                     str(spec.max_model_len or "model"), str(len(spec.warm_prompts)), status))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
+    return 1 if bad else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edgellm", description="Low-latency LLM serving for one machine")
     parser.add_argument("--log-level", default="INFO")
@@ -117,7 +161,45 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(p)
     _add_sampling_args(p)
     p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("serve", help="the OpenAI-compatible HTTP server (FastAPI + uvicorn)")
+    p.add_argument("--config", default=None,
+                   help="model registry (default: ./models.yaml when it exists); --model may name an entry")
+    p.add_argument("--served-model-name", nargs="+", default=None,
+                   help="name(s) clients put in 'model' (default: the registry name or the model path's name)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' (default: $EDGELLM_API_KEY; none if unset)")
+    p.add_argument("--metrics-public", action="store_true", help="serve /metrics without the API key")
+    p.add_argument("--max-waiting-requests", type=int, default=128,
+                   help="requests allowed to wait beyond --max-num-seqs before 503 + Retry-After")
+    p.add_argument("--max-request-body", type=_memory, default=4 << 20,
+                   help="largest request body (default 4M); bigger is a 413")
+    p.add_argument("--uvicorn-log-level", default="info")
+    p.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True)
+    add_engine_args(p)
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("models", help="list the model registry (models.yaml)")
+    p.add_argument("--config", default="models.yaml")
+    p.set_defaults(func=cmd_models)
+
+    try:
+        from edgellm.bench import add_bench_parser
+    except ImportError as exc:  # the load generator needs httpx (the server/bench extras)
+        missing = exc.name
+        p = sub.add_parser("bench", help="benchmark an OpenAI-compatible server (needs httpx)")
+        p.set_defaults(func=lambda _args: _missing_extra("bench", missing))
+    else:
+        add_bench_parser(sub)
     return parser
+
+
+def _missing_extra(command: str, module: str | None) -> int:
+    print(f"edgellm {command} needs {module or 'an optional package'}: pip install 'edgellm[server]'",
+          file=sys.stderr)
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -116,6 +116,7 @@ class EngineConfig:
     seed: int = 0
     tokenizer: str | None = None  # a directory with tokenizer files; default: the model's own
     chat_template: str | None = None  # a Jinja template string or path overriding the model's
+    architecture: str | None = None  # override the checkpoint's architecture (models.arch name or HF class)
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):

@@ -1,0 +1,155 @@
+"""`edgellm serve`: pick the model spec, build its AsyncEngine, warm the prefix cache, run uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from edgellm.registry import (
+    DEFAULT_SOURCE,
+    ModelSpec,
+    RegistryError,
+    default_spec,
+    load_registry,
+    spec_for_path,
+)
+from edgellm.sampling import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+def select_spec(args: argparse.Namespace) -> ModelSpec:
+    """--model (a served name in the registry, or a path), else the registry's entry for the embedded
+    default, else the embedded default under its usual name."""
+    config = getattr(args, "config", None)
+    registry: dict[str, ModelSpec] = {}
+    if config is not None:
+        registry = load_registry(config)
+    elif Path("models.yaml").is_file():
+        registry = load_registry("models.yaml")
+    if args.model is not None:
+        spec = registry.get(args.model) or spec_for_path(args.model)
+    else:
+        spec = next((s for s in registry.values() if s.source == DEFAULT_SOURCE), None) or default_spec()
+    spec.check_files()
+    if spec.quantization != "auto":
+        spec.check_quantization()
+    return spec
+
+
+def _template_text(template: str | None) -> str | None:
+    if not template:
+        return None
+    if "{%" in template or "{{" in template:
+        return template
+    path = Path(template).expanduser()
+    if not path.is_file():
+        raise RegistryError(f"chat template file not found: {template}")
+    return path.read_text()
+
+
+def build_engine(spec: ModelSpec, args: argparse.Namespace) -> Any:
+    from edgellm.cli import engine_config
+    from edgellm.engine.async_engine import AsyncEngine
+
+    kv_dtype = args.kv_cache_dtype if args.kv_cache_dtype != "auto" else spec.kv_cache_dtype
+    config = engine_config(
+        args, model=spec.model_arg, max_model_len=args.max_model_len or spec.max_model_len,
+        kv_cache_dtype=kv_dtype, chat_template=None,
+        architecture=getattr(args, "architecture", None) or spec.architecture,
+    )
+    engine = AsyncEngine(config)
+    template = _template_text(args.chat_template or spec.chat_template)
+    if template is not None:
+        if engine.tokenizer is None:
+            logger.warning("%s has no tokenizer; ignoring the chat template override", spec.name)
+        else:
+            engine.tokenizer.hf.chat_template = template
+    return engine
+
+
+def warm_prompt_ids(tokenizer: Any, system_prompt: str) -> list[int]:
+    """The tokens every conversation that opens with this system prompt starts with.
+
+    Rendered as [system, user] twice with different user turns, the common
+    token prefix is exactly what the prefix cache can share, whatever the
+    template writes around the system turn.
+    """
+    if tokenizer.hf.chat_template:
+        try:
+            a = tokenizer.encode_chat([{"role": "system", "content": system_prompt},
+                                       {"role": "user", "content": "Hi"}])
+            b = tokenizer.encode_chat([{"role": "system", "content": system_prompt},
+                                       {"role": "user", "content": "What is 2 + 2?"}])
+            n = 0
+            while n < min(len(a), len(b)) and a[n] == b[n]:
+                n += 1
+            return a[:n]
+        except Exception as exc:  # noqa: BLE001  (a template without a system role)
+            logger.warning("warm prompt: chat template failed (%s); prefilling the raw text", exc)
+    return tokenizer.encode(system_prompt)
+
+
+async def warm_up(engine: Any, spec: ModelSpec) -> None:
+    """Prefill each warm prompt once so that its full blocks sit in the prefix cache."""
+    if not spec.warm_prompts:
+        return
+    if engine.tokenizer is None:
+        logger.warning("%s has no tokenizer; warm_prompts skipped", spec.name)
+        return
+    for i, prompt in enumerate(spec.warm_prompts):
+        ids = warm_prompt_ids(engine.tokenizer, prompt)
+        if len(ids) >= engine.max_model_len:
+            logger.warning("warm prompt %d is longer than max_model_len; skipped", i)
+            continue
+        params = SamplingParams(max_tokens=1, temperature=0.0)
+        async for out in engine.generate(f"warm-{i}", ids, params, prepared=(None, ids)):
+            final = out
+        logger.info("warm prompt %d: %d tokens prefilled (%d cacheable)", i, len(ids),
+                    len(ids) // engine.engine.config.block_size * engine.engine.config.block_size)
+        del final
+
+
+def _is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from edgellm.server.app import ServerSettings, create_app
+    from edgellm.server.serving import ServedModel
+
+    api_key = args.api_key or os.environ.get("EDGELLM_API_KEY") or None
+    if not _is_loopback(args.host) and not api_key:
+        logger.warning("binding %s without --api-key: anyone who can reach this port can use the model",
+                       args.host)
+    spec = select_spec(args)
+    names = list(args.served_model_name or [spec.name])
+    logger.info("serving %s (source %s) as %s", spec.name, spec.source, ", ".join(names))
+    engine = build_engine(spec, args)
+    served = ServedModel(names=names, engine=engine, max_waiting_requests=args.max_waiting_requests)
+    settings = ServerSettings(api_key=api_key, metrics_public=args.metrics_public,
+                              max_body_bytes=args.max_request_body)
+
+    async def startup() -> None:
+        await warm_up(engine, spec)
+
+    app = create_app([served], settings, on_startup=startup)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
+                            access_log=args.access_log, timeout_keep_alive=30, lifespan="on",
+                            timeout_graceful_shutdown=10)
+    try:
+        uvicorn.Server(config).run()
+    finally:
+        engine.shutdown()
+    return 0

@@ -1,0 +1,206 @@
+"""OpenAI request bodies (pydantic, strict types, unknown fields ignored) -> SamplingParams.
+
+Strict: a string where a number belongs is a 400, as with OpenAI; an int is
+a valid float. vLLM's extensions that load generators send (ignore_eos,
+min_tokens, top_k, min_p, repetition_penalty, stop_token_ids, ...) are
+honoured. stream_options.chunking = "sentence" is edgellm's own.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from edgellm.sampling import SamplingParams
+from edgellm.server.errors import bad_request
+
+MAX_N = 64
+MAX_STOP = 16
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+    chunking: Literal["token", "sentence"] | None = None
+    max_chunk_chars: int = Field(200, ge=8, le=4096)
+
+
+class TextPart(_Body):
+    model_config = ConfigDict(strict=True, extra="allow")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+
+    def text(self) -> str | None:
+        if self.content is None or isinstance(self.content, str):
+            return self.content
+        out = []
+        for i, part in enumerate(self.content):
+            if part.type != "text" or part.text is None:
+                raise bad_request(f"content part type {part.type!r} is not supported; only 'text' parts are",
+                                  param=f"messages.content.{i}.type", code="unsupported_content")
+            out.append(part.text)
+        return "".join(out)
+
+
+class _Sampling(_Body):
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    def _num_logprobs(self) -> int | None:
+        raise NotImplementedError
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def check(self) -> None:
+        if self.stream_options is not None and not self.stream:
+            raise bad_request("stream_options is only allowed when stream is true", param="stream_options")
+        if not 1 <= self.n <= MAX_N:
+            raise bad_request(f"n must be between 1 and {MAX_N}, got {self.n}", param="n")
+        stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        if len(stops) > MAX_STOP:
+            raise bad_request(f"at most {MAX_STOP} stop sequences are allowed", param="stop")
+
+    def sampling_params(self, max_tokens: int) -> SamplingParams:
+        try:
+            return SamplingParams(
+                n=self.n,
+                max_tokens=max_tokens,
+                min_tokens=self.min_tokens,
+                temperature=1.0 if self.temperature is None else self.temperature,
+                top_p=1.0 if self.top_p is None else self.top_p,
+                top_k=self.top_k or 0,
+                min_p=self.min_p or 0.0,
+                presence_penalty=self.presence_penalty or 0.0,
+                frequency_penalty=self.frequency_penalty or 0.0,
+                repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+                seed=self.seed,
+                stop=self.stop,
+                stop_token_ids=self.stop_token_ids,
+                ignore_eos=self.ignore_eos,
+                logprobs=self._num_logprobs(),
+                skip_special_tokens=self.skip_special_tokens,
+                include_stop_str_in_output=self.include_stop_str_in_output,
+            )
+        except ValueError as exc:
+            msg = str(exc)
+            return _raise_param(msg)
+
+    @property
+    def chunking(self) -> str:
+        return (self.stream_options.chunking if self.stream_options else None) or "token"
+
+
+def _raise_param(msg: str) -> Any:
+    param = msg.split(" ", 1)[0] if msg and msg.split(" ", 1)[0].isidentifier() else None
+    if msg.startswith("stop strings"):
+        param = "stop"
+    raise bad_request(msg, param=param)
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def _num_logprobs(self) -> int | None:
+        if not self.logprobs:
+            return None
+        return self.top_logprobs or 0
+
+    def check(self) -> None:
+        super().check()
+        if not self.messages:
+            raise bad_request("messages must be a non-empty list", param="messages")
+        if self.top_logprobs is not None:
+            if not 0 <= self.top_logprobs <= 20:
+                raise bad_request("top_logprobs must be between 0 and 20", param="top_logprobs")
+            if self.top_logprobs and not self.logprobs:
+                raise bad_request("top_logprobs needs logprobs set to true", param="top_logprobs")
+        if self.tools:
+            raise bad_request("tools are not supported by this server", param="tools", code="unsupported")
+        fmt = (self.response_format or {}).get("type", "text")
+        if fmt != "text":
+            raise bad_request(f"response_format {fmt!r} is not supported (only 'text')", param="response_format")
+
+    def conversation(self) -> list[dict[str, Any]]:
+        out = []
+        for msg in self.messages:
+            item: dict[str, Any] = {"role": "system" if msg.role == "developer" else msg.role,
+                                    "content": msg.text() or ""}
+            if msg.name is not None:
+                item["name"] = msg.name
+            if msg.tool_call_id is not None:
+                item["tool_call_id"] = msg.tool_call_id
+            out.append(item)
+        return out
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    def _num_logprobs(self) -> int | None:
+        return self.logprobs
+
+    def check(self) -> None:
+        super().check()
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise bad_request("logprobs must be between 0 and 20", param="logprobs")
+        if self.echo:
+            raise bad_request("echo is not supported by this server", param="echo", code="unsupported")
+        if self.suffix:
+            raise bad_request("suffix is not supported by this server", param="suffix", code="unsupported")
+        if self.best_of is not None and self.best_of != self.n:
+            raise bad_request("best_of is not supported (it must equal n)", param="best_of")
+        if isinstance(self.prompt, list) and not self.prompt:
+            raise bad_request("prompt must not be an empty list", param="prompt")
+
+    def prompts(self) -> list[str | list[int]]:
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]  # type: ignore[arg-type]
+        return list(p)  # type: ignore[arg-type]
