@@ -53,6 +53,16 @@ def _gguf_tokenizer(gguf_path: Path) -> Any:
     return tok
 
 
+def _is_file(value: str) -> bool:
+    """A chat template argument is a path or the template itself (which may be too long for a path)."""
+    if "\n" in value or "{" in value:
+        return False
+    try:
+        return Path(value).is_file()
+    except OSError:
+        return False
+
+
 class Tokenizer:
     """encode / decode / chat template over a transformers tokenizer."""
 
@@ -65,7 +75,7 @@ class Tokenizer:
     @classmethod
     def load(cls, source: Path, kind: str, chat_template: str | None = None) -> Tokenizer | None:
         """The checkpoint's tokenizer, or None when the directory carries none (token-id prompts only)."""
-        if chat_template and Path(chat_template).is_file():
+        if chat_template and _is_file(chat_template):
             chat_template = Path(chat_template).read_text()
         if kind == "gguf":
             return cls(_gguf_tokenizer(source), chat_template)

@@ -97,3 +97,16 @@ def test_n_completions_and_logprobs(llm):
     for o in out.outputs:
         assert len(o.logprobs) == len(o.token_ids)
         assert all(lp <= 0 and len(top) == 2 for lp, top in o.logprobs)
+
+
+def test_chat_template_override_as_long_string_or_file(tmp_path):
+    from edgellm.tokenizer import Tokenizer
+
+    template = ("{# " + "x" * 5000 + " #}{% for m in messages %}[{{ m['role'] }}]: {{ m['content'] }}\n"
+                "{% endfor %}[assistant]:")
+    tok = Tokenizer.load(default_model_path(), "gguf", chat_template=template)
+    assert tok.render_chat([{"role": "user", "content": "hi"}]) == "[user]: hi\n[assistant]:"
+    f = tmp_path / "template.jinja"
+    f.write_text(template)
+    tok = Tokenizer.load(default_model_path(), "gguf", chat_template=str(f))
+    assert tok.render_chat([{"role": "user", "content": "hi"}]) == "[user]: hi\n[assistant]:"
