@@ -597,3 +597,26 @@ def test_metrics_names_and_counts(server, client):
     assert m["vllm:inter_token_latency_seconds_count"] >= 2
     assert m["vllm:prompt_tokens_total"] > 0 and m["vllm:generation_tokens_total"] >= 3
     assert m["vllm:prefix_cache_hits_total"] > 0  # the warm prompt, at least
+
+
+# ------------------------------------------------------------ edgellm bench
+def test_bench_against_the_server(server, tmp_path):
+    """`edgellm bench` drives the real server: voice workload, fixed output lengths, JSON + plot."""
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    proc = subprocess.run(
+        [sys.executable, "-m", "edgellm.cli", "bench", "--base-url", server.url, "--model", MODEL,
+         "--dataset", "voice", "--system-prompt-len", "64", "--user-len", "8", "--output-len", "6",
+         "--num-prompts", "6", "--sweep", "1,3", "--goodput", "ttft:60000", "--json", str(out),
+         "--plot", str(png), "--no-progress"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Time to First Token" in proc.stdout
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["concurrency"] for r in runs] == [1, 3]
+    for r in runs:
+        assert r["completed"] == 6 and r["failed"] == 0
+        assert r["total_output_tokens"] == 36  # ignore_eos: exactly output-len tokens each
+        assert 0 < r["ttft_ms"]["median"] <= r["e2e_ms"]["median"]
+        assert r["goodput"]["requests"] == 6
+    assert png.stat().st_size > 10_000
