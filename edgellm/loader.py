@@ -135,7 +135,7 @@ def _load_into(
     modules = _modules_by_name(model)
     plain_loaded: set[str] = set()
     for name, tensor, source in ckpt.tensors():
-        target = arch.map_tensor_name(name)
+        target = arch.map_tensor_name(name, modules)
         if target is None:
             continue
         if target.module == "lm_head" and cfg.tie_word_embeddings:
@@ -170,9 +170,12 @@ def _load_into(
     if missing:
         shown = ", ".join(missing[:8]) + (f" ... (+{len(missing) - 8} more)" if len(missing) > 8 else "")
         raise CheckpointError(f"{ckpt.path}: missing tensors: {shown}")
-    for module in modules.values():
+    for mname, module in modules.items():
         if isinstance(module, Linear):
-            module.method.process_weights_after_loading(module)
+            try:
+                module.method.process_weights_after_loading(module)
+            except ValueError as exc:
+                raise CheckpointError(f"{ckpt.path}: {mname}: {exc}") from None
 
 
 def load_model(
@@ -181,17 +184,20 @@ def load_model(
     device: torch.device | str = "cpu",
     max_position: int | None = None,
     architecture: str | None = None,
+    cpu_kernels: str | None = None,
 ) -> CausalLM:
+    """cpu_kernels: "exact" or "fast" for quantized linears on CPU (quant/schemes.py); None:
+    the EDGELLM_CPU_QUANT environment variable, else exact."""
     arch = resolve_architecture(ckpt.hf_config, architecture)
     cfg = model_config_from_hf(ckpt.hf_config, arch, ckpt.generation_config)
-    scheme: QuantScheme = scheme_from_config(ckpt.hf_config.get("quantization_config"))
+    scheme: QuantScheme = scheme_from_config(ckpt.hf_config.get("quantization_config"), cpu_kernels)
     with torch.device(device):
         model = CausalLM(cfg, scheme, dtype, max_position)
     _load_into(model, ckpt, arch, cfg)
     model.eval()
     logger.info(
-        "loaded %s (%s, %d layers, hidden %d, quant %s) as %s",
-        ckpt.path, arch.name, cfg.num_layers, cfg.hidden_size, scheme.name, dtype,
+        "loaded %s (%s, %d layers, hidden %d, quant %s, cpu kernels %s) as %s",
+        ckpt.path, arch.name, cfg.num_layers, cfg.hidden_size, scheme.name, scheme.cpu_kernels, dtype,
     )
     return model
 

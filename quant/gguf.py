@@ -1,19 +1,41 @@
 """GGUF checkpoints (llama.cpp): metadata -> HF-style config, tensors -> HF names.
 
-Tensors are dequantized to float here (the gguf package's reference
-dequantizers); llama.cpp stores Llama's q/k projections with rows permuted
-for its rope layout, which is undone so the weights match the HF ones.
+Quantized weights of the decoder's linears stay in their GGUF blocks (raw
+uint8 rows, [N, K / block * block_bytes]) and load through GGUFScheme, which
+the config announces as quantization_config {"quant_method": "gguf",
+"linear_types": {hf name: type}}. Everything else (embeddings, norms, the
+head) is dequantized here with the gguf package's reference dequantizers.
+llama.cpp stores Llama's q/k projections with rows permuted for its rope
+layout; that is undone (on whole rows, so also on raw blocks) so the weights
+match the HF ones.
+
+GGUFScheme: Q4_0 (W = d * (q - 8)) and Q4_1 (W = d * q + m), 32 weights per
+block, are int4 with group scales and run on the int4 kernels (Q4_0 on the
+CUDA W4A16 kernel too); every other type (Q8_0, K-quants, ...) is dequantized
+once at load with the reference dequantizer.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
+
+from edgellm.quant.schemes import (
+    Int4Codes,
+    LinearMethod,
+    ParamLayout,
+    QuantLinearMethod,
+    QuantScheme,
+    UnquantizedLinearMethod,
+    shard_ranges,
+    stashed,
+)
 
 # GGUF architecture -> (HF model_type, q/k rows permuted by llama.cpp's converter)
 _ARCHES = {"llama": ("llama", True), "qwen2": ("qwen2", False)}
@@ -32,6 +54,11 @@ _NAMES = [
     (r"^blk\.(\d+)\.ffn_up\.weight$", r"model.layers.\1.mlp.up_proj.weight"),
     (r"^blk\.(\d+)\.ffn_down\.weight$", r"model.layers.\1.mlp.down_proj.weight"),
 ]
+
+
+_LINEAR = re.compile(r"^blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight$")
+_FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
+_INT4_TYPES = ("Q4_0", "Q4_1")
 
 
 class GGUFError(ValueError):
@@ -78,7 +105,14 @@ class GGUFCheckpoint:
             raise GGUFError(f"{self.path}: GGUF architecture {arch!r} is not supported ({sorted(_ARCHES)})")
         self.gguf_arch = arch
         self.model_type, self.permuted_qk = _ARCHES[arch]
+        # HF names of linear weights kept as raw GGUF blocks -> their GGML type name
+        self.linear_types = {
+            hf_name(t.name): t.tensor_type.name for t in self.reader.tensors
+            if _LINEAR.match(t.name) and t.tensor_type.name not in _FLOAT_TYPES
+        }
         self.config = self._config()
+        if self.linear_types:
+            self.config["quantization_config"] = {"quant_method": "gguf", "linear_types": self.linear_types}
 
     def _config(self) -> dict[str, Any]:
         a = self.gguf_arch
@@ -115,7 +149,9 @@ class GGUFCheckpoint:
         return cfg
 
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF name, float32 tensor) for every tensor in the file."""
+        """(HF name, tensor) for every tensor in the file: raw uint8 blocks [N, row bytes] for
+        the linears in `linear_types`, float32 for the rest."""
+        from gguf.constants import GGML_QUANT_SIZES
         from gguf.quants import dequantize
 
         heads = self.config["num_attention_heads"]
@@ -124,19 +160,134 @@ class GGUFCheckpoint:
             name = hf_name(t.name)
             if name is None:
                 raise GGUFError(f"{self.path}: unexpected tensor {t.name!r}")
-            try:
-                arr = dequantize(t.data, t.tensor_type)
-            except Exception as exc:
-                raise GGUFError(
-                    f"{self.path}: cannot read tensor {t.name!r} ({t.tensor_type.name}): {exc}"
-                ) from None
             shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims innermost first
-            if int(np.prod(arr.shape)) != int(np.prod(shape)):
-                raise GGUFError(f"{self.path}: tensor {t.name!r} is truncated")
-            w = torch.from_numpy(np.array(arr, dtype=np.float32)).reshape(shape)  # a copy: the file is mapped read-only
+            if name in self.linear_types:
+                block, block_bytes = GGML_QUANT_SIZES[t.tensor_type]
+                rows = int(np.prod(shape[:-1]))
+                if shape[-1] % block or t.data.size != rows * shape[-1] // block * block_bytes:
+                    raise GGUFError(f"{self.path}: tensor {t.name!r} is truncated or misshapen")
+                w = torch.from_numpy(np.array(t.data, dtype=np.uint8)).reshape(rows, -1)
+            else:
+                try:
+                    arr = dequantize(t.data, t.tensor_type)
+                except Exception as exc:
+                    raise GGUFError(
+                        f"{self.path}: cannot read tensor {t.name!r} ({t.tensor_type.name}): {exc}"
+                    ) from None
+                if int(np.prod(arr.shape)) != int(np.prod(shape)):
+                    raise GGUFError(f"{self.path}: tensor {t.name!r} is truncated")
+                w = torch.from_numpy(np.array(arr, dtype=np.float32)).reshape(shape)  # a copy: the file is mapped read-only
             if self.permuted_qk and (".q_proj." in name or ".k_proj." in name):
                 w = _unpermute(w, heads if ".q_proj." in name else kv_heads)
             yield name, w
 
     def chat_template(self) -> str | None:
         return _field(self.reader, "tokenizer.chat_template")
+
+
+# -- the scheme: raw GGUF blocks -> kernels ---------------------------------------------
+
+
+def decode_q4(raw: torch.Tensor, type_name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Q4_0/Q4_1 rows [N, blocks * bytes] -> (codes [N, K] 0..15, d [N, blocks] fp32,
+    m [N, blocks] fp32 or None). Block: fp16 d (, fp16 m), 16 bytes whose low nibbles are
+    weights 0..15 and high nibbles weights 16..31."""
+    head = 2 if type_name == "Q4_0" else 4
+    n = raw.shape[0]
+    blocks = raw.reshape(n, -1, head + 16)
+    d = blocks[..., 0:2].contiguous().view(torch.float16).squeeze(-1).float()
+    m = blocks[..., 2:4].contiguous().view(torch.float16).squeeze(-1).float() if head == 4 else None
+    qs = blocks[..., head:]
+    codes = torch.cat((qs & 15, qs >> 4), -1).reshape(n, -1)
+    return codes, d, m
+
+
+class GGUFScheme(QuantScheme):
+    name = "gguf"
+
+    def __init__(self, config: dict[str, Any], cpu_kernels: str | None = None) -> None:
+        super().__init__(cpu_kernels)
+        self.linear_types: dict[str, str] = dict(config.get("linear_types") or {})
+        from gguf import GGMLQuantizationType
+
+        for name, type_name in self.linear_types.items():
+            if type_name not in GGMLQuantizationType.__members__:
+                raise GGUFError(f"GGUF tensor {name}: unknown type {type_name!r}")
+
+    def _type(self, module: str) -> str | None:
+        return self.linear_types.get(f"{module}.weight")
+
+    def linear_method(self, prefix: str, checkpoint_names: Sequence[str] = ()) -> LinearMethod:
+        names = list(checkpoint_names) or [prefix]
+        types = [self._type(n) for n in names]
+        if all(t is None for t in types):
+            return UnquantizedLinearMethod()
+        if any(t is None for t in types):
+            raise GGUFError(f"GGUF: the shards of {prefix} mix float and quantized tensors: "
+                            f"{dict(zip(names, types))}")
+        return GGUFLinearMethod(self, types)  # type: ignore[arg-type]
+
+    def quantized_method(self, prefix: str, checkpoint_names: Sequence[str]) -> LinearMethod:
+        raise AssertionError("GGUFScheme picks methods in linear_method")
+
+
+class GGUFLinearMethod(QuantLinearMethod):
+    """Raw GGUF blocks per shard (shards may differ in type, as in Q4_K_M's q/k/v)."""
+
+    scheme: GGUFScheme
+
+    def __init__(self, scheme: GGUFScheme, types: list[str]) -> None:
+        super().__init__(scheme)
+        self.types = types  # per shard, in shard order (one: the whole module)
+
+    def create_weights(
+        self, layer: nn.Module, input_size: int, output_size: int, dtype: torch.dtype
+    ) -> dict[str, ParamLayout]:
+        return {"weight": ParamLayout(output_dim=None, stash=True)}
+
+    def _parts(self, layer: nn.Module) -> list[tuple[str, str, torch.Tensor]]:
+        """[(shard, type, raw rows)] in output order, shapes checked."""
+        from gguf import GGMLQuantizationType
+        from gguf.constants import GGML_QUANT_SIZES
+
+        ranges = shard_ranges(layer)
+        out = []
+        for shard, raw in stashed(layer, "weight"):
+            if len(self.types) == 1:
+                type_name = self.types[0]
+            elif shard:
+                type_name = self.types[layer.shards.index(shard)]
+            else:
+                raise ValueError(f"GGUF: one tensor for the whole of {layer.prefix}, typed per shard")
+            block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
+            start, end = ranges[shard]
+            expected = (end - start, layer.input_size // block * block_bytes)
+            if layer.input_size % block or tuple(raw.shape) != expected:
+                raise ValueError(f"GGUF {type_name} weight{' [' + shard + ']' if shard else ''} has "
+                                 f"shape {tuple(raw.shape)}, expected {expected}")
+            out.append((shard, type_name, raw))
+        return out
+
+    def int4(self, layer: nn.Module) -> Int4Codes | None:
+        parts = self._parts(layer)
+        kinds = {t for _, t, _ in parts}
+        if not kinds <= set(_INT4_TYPES):
+            return None
+        decoded = [decode_q4(raw, t) for _, t, raw in parts]
+        codes = torch.cat([c for c, _, _ in decoded], 0)
+        scales = torch.cat([d for _, d, _ in decoded], 0)
+        if kinds == {"Q4_0"}:
+            return Int4Codes(codes, None, scales, 32)
+        # W = q * d + m; Q4_0 as m = -8 d (exact in fp32)
+        offsets = torch.cat([m if m is not None else -8.0 * d for _, d, m in decoded], 0)
+        return Int4Codes(codes, None, scales, 32, offsets=offsets)
+
+    def dequantize(self, layer: nn.Module) -> torch.Tensor:
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        rows = []
+        for shard, type_name, raw in self._parts(layer):
+            arr = dequantize(raw.numpy(), GGMLQuantizationType[type_name])
+            rows.append(torch.from_numpy(np.array(arr, dtype=np.float32)).reshape(raw.shape[0], layer.input_size))
+        return torch.cat(rows, 0) if len(rows) > 1 else rows[0]

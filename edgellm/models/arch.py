@@ -10,6 +10,7 @@ gate/up -> gate_up_proj).
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,20 +55,43 @@ class Architecture:
         )
     )
     qkv_bias_always: bool = False  # Qwen2: q/k/v carry biases regardless of config
+    fused_on_disk: bool = False  # Phi-3: transformers' own modules are qkv_proj / gate_up_proj
     uses_sliding_window: bool = False
 
-    def map_tensor_name(self, name: str) -> TensorTarget | None:
-        """Checkpoint tensor name -> target; None for tensors that carry no weights we use."""
+    def map_tensor_name(self, name: str, module_names: Collection[str] | None = None) -> TensorTarget | None:
+        """Checkpoint tensor name -> target; None for tensors that carry no weights we use.
+
+        Parameter names may contain dots (bitsandbytes' `q_proj.weight.absmax`), so given the
+        model's module names the split is at the longest prefix naming a known module;
+        without them (or when none is known) it is at the last dot.
+        """
         for pattern, repl in self.renames:
             name = re.sub(pattern, repl, name)
         if "rotary_emb.inv_freq" in name:
             return None  # some checkpoints store the recomputable rope table
-        module, _, param = name.rpartition(".")
+        parts = name.split(".")
+        last_dot = self._target(".".join(parts[:-1]), parts[-1])
+        if module_names is None:
+            return last_dot
+        for i in range(len(parts) - 1, 0, -1):
+            target = self._target(".".join(parts[:i]), ".".join(parts[i:]))
+            if target.module in module_names:
+                return target
+        return last_dot
+
+    def _target(self, module: str, param: str) -> TensorTarget:
         parent, _, leaf = module.rpartition(".")
         for src, dst, shard in self.stacked:
             if leaf == src:
                 return TensorTarget(f"{parent}.{dst}", param, shard)
         return TensorTarget(module, param, None)
+
+    def checkpoint_modules(self, fused: str) -> tuple[str, ...]:
+        """What this architecture's checkpoints (and their quantization ignore lists) call the
+        decoder's fused module: itself (Phi-3) or its shards (q_proj, k_proj, v_proj)."""
+        if self.fused_on_disk:
+            return (fused,)
+        return tuple(src for src, dst, _ in self.stacked if dst == fused)
 
 
 LLAMA = Architecture("llama", ("llama",), ("LlamaForCausalLM",))
@@ -75,7 +99,7 @@ MISTRAL = Architecture("mistral", ("mistral",), ("MistralForCausalLM",), uses_sl
 QWEN2 = Architecture(
     "qwen2", ("qwen2",), ("Qwen2ForCausalLM",), qkv_bias_always=True, uses_sliding_window=True
 )
-PHI3 = Architecture("phi3", ("phi3",), ("Phi3ForCausalLM",), uses_sliding_window=True)
+PHI3 = Architecture("phi3", ("phi3",), ("Phi3ForCausalLM",), uses_sliding_window=True, fused_on_disk=True)
 EXAONE = Architecture(
     "exaone",
     ("exaone",),

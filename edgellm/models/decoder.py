@@ -17,7 +17,13 @@ from edgellm.layers.attention import Attention
 from edgellm.layers.linear import Linear
 from edgellm.layers.norm import RMSNorm
 from edgellm.layers.rotary import RotaryEmbedding
+from edgellm.models.arch import ARCHITECTURES
 from edgellm.quant.schemes import QuantScheme, UnquantizedLinearMethod
+
+
+def _checkpoint_names(cfg: ModelConfig, parent: str, fused: str) -> list[str]:
+    """What the checkpoint (and its quantization ignore list) calls a fused module: q/k/v_proj, ..."""
+    return [f"{parent}.{name}" for name in ARCHITECTURES[cfg.architecture].checkpoint_modules(fused)]
 
 
 class SelfAttention(nn.Module):
@@ -30,7 +36,7 @@ class SelfAttention(nn.Module):
             cfg.hidden_size,
             {"q": cfg.q_size, "k": cfg.kv_size, "v": cfg.kv_size},
             cfg.qkv_bias,
-            scheme.linear_method(f"{p}.qkv_proj"),
+            scheme.linear_method(f"{p}.qkv_proj", _checkpoint_names(cfg, p, "qkv_proj")),
             dtype,
             f"{p}.qkv_proj",
         )
@@ -66,7 +72,7 @@ class MLP(nn.Module):
             cfg.hidden_size,
             {"gate": cfg.intermediate_size, "up": cfg.intermediate_size},
             cfg.mlp_bias,
-            scheme.linear_method(f"{p}.gate_up_proj"),
+            scheme.linear_method(f"{p}.gate_up_proj", _checkpoint_names(cfg, p, "gate_up_proj")),
             dtype,
             f"{p}.gate_up_proj",
         )

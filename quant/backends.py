@@ -1,0 +1,301 @@
+"""Matmul backends for weight-quantized linears: what a QuantLinearMethod runs once
+its format has decoded the checkpoint tensors (schemes.QuantLinearMethod).
+
+- CUDA: plain int4 (AWQ, GPTQ, compressed-tensors, GGUF Q4_0) is repacked once
+  into the W4A16 Triton kernel's layout; anything else is dequantized once.
+- 8-bit weights with 8-bit activations (W8A8): int8 runs exact integer math on CPU
+  (torch._int_mm, activations quantized per token like compressed-tensors), fp8
+  dequantizes the weight once and rounds activations through fp8; on CUDA both use
+  the Triton kernels. Fused shards with different static input scales quantize
+  the activations once per shard.
+- CPU "exact": the weights are dequantized once to the model dtype with the
+  format's exact formula; F.linear in fp32.
+- CPU "fast": int4 stays int4. Rows of a step up to GEMV_MAX_ROWS (decode) go
+  through torch's packed int4 GEMV (`_weight_int4pack_mm_for_cpu`), which
+  wants bf16 activations and bf16 scales: about 3 significant digits, so
+  logits move by ~1e-2 relative to the exact path. Larger steps (prefill)
+  dequantize the layer exactly from a nibble copy into a transient fp32
+  matrix and use F.linear: past ~64 rows that beats the GEMV (whose cost
+  grows linearly with rows), and prefill stays exact. With fp32 or fp16
+  activations torch's int4 GEMV takes a scalar path (100x slower), so it is
+  bf16 or nothing. Numbers: benchmarks/cpu_quant_decode.py.
+
+  Which path a step takes depends on its row count, so in "fast" mode a
+  sequence's logits can depend (at bf16 noise level) on what it is batched
+  with; "exact" has no such effect.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edgellm.quant.schemes import Int4Codes
+
+if TYPE_CHECKING:
+    from edgellm.quant.schemes import QuantLinearMethod
+
+logger = logging.getLogger(__name__)
+
+GEMV_MAX_ROWS = 64  # rows per call up to which the CPU int4 GEMV beats dequant + fp32 matmul
+_TINYGEMM_GROUPS = (32, 64, 128, 256)
+
+
+class DenseKernel:
+    """y = x W^T with W dequantized once (model dtype)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight = weight
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(x, self.weight, bias)
+
+
+class TritonInt4Kernel:
+    """CUDA: the W4A16 dequant-GEMM over the canonical layout (kernels/int4_layouts)."""
+
+    def __init__(self, codes: Int4Codes, device: torch.device) -> None:
+        from edgellm.kernels.int4_layouts import repack_int4
+
+        w = repack_int4(codes.codes, codes.zeros, codes.scales, codes.group_size, codes.g_idx)
+        for name, value in vars(w).items():
+            if isinstance(value, torch.Tensor):
+                setattr(w, name, value.to(device))
+        self.weight = w
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        from edgellm.kernels.dequant_gemm import w4a16_gemm
+
+        return w4a16_gemm(x, **vars(self.weight), bias=bias)
+
+
+class CpuInt4Kernel:
+    """CPU: torch's packed int4 GEMV for small steps, exact dequant + fp32 matmul for large ones.
+
+    Stored in input order sorted by group (desc_act g_idx becomes a permutation of x's
+    columns). tinygemm computes w = (q - 8) * scale + zero per group with bf16 scale/zero;
+    the exact copy keeps the codes as nibbles and the scales/zeros/offsets as given.
+    """
+
+    def __init__(self, c: Int4Codes, dtype: torch.dtype, perm: torch.Tensor | None,
+                 tinygemm_group: int) -> None:
+        q = c.codes.to(torch.int32)
+        if perm is not None:
+            q = q[:, perm]
+        self.n, self.k = q.shape
+        self.dtype = dtype
+        self.perm = perm
+        self.group_size = c.group_size
+        scales = c.scales.float()
+        offsets = None if c.offsets is None else c.offsets.float()
+        if offsets is not None:  # w = q * s + offset (implicit zero code 0)
+            zero = 8.0 * scales + offsets
+        else:
+            zero = (8.0 - (c.zeros.float() if c.zeros is not None else 8.0)) * scales
+        rep = c.group_size // tinygemm_group
+        sz = torch.stack((scales, zero), -1).repeat_interleave(rep, 1)  # [N, G', 2]
+        self.scale_zero = sz.transpose(0, 1).contiguous().to(torch.bfloat16)  # [G', N, 2]
+        self.tinygemm_group = tinygemm_group
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1)
+        # the exact copy, for prefill: nibbles, and scales/offsets in fp16 when that is lossless
+        half = self.k // 2
+        self.nibbles = (q[:, :half] | (q[:, half:] << 4)).to(torch.uint8).contiguous()
+        self.scales = _compact(scales)
+        self.zeros = None if c.zeros is None else c.zeros.to(torch.uint8).contiguous()
+        self.offsets = None if offsets is None else _compact(offsets)
+
+    @classmethod
+    def build(cls, c: Int4Codes, dtype: torch.dtype) -> CpuInt4Kernel | None:
+        """None when torch's int4 GEMV cannot hold these shapes (the caller stays dense)."""
+        n, k = c.codes.shape
+        gs = c.group_size
+        perm = None
+        if c.g_idx is not None:
+            g = c.g_idx.long()
+            plain = torch.arange(k) // gs
+            if not torch.equal(g, plain):
+                order = torch.argsort(g, stable=True)
+                if not torch.equal(g[order], plain):
+                    return None  # groups that are not a permutation of contiguous ones
+                perm = order
+        tg = gs
+        while tg > max(_TINYGEMM_GROUPS) and tg % 2 == 0:
+            tg //= 2  # a larger group (per-channel) repeats its scale over smaller ones: exact
+        if tg not in _TINYGEMM_GROUPS or k % gs or n % 16:
+            return None
+        return cls(c, dtype, perm, tg)
+
+    def dense(self) -> torch.Tensor:
+        """W [N, K] (stored column order) in fp32, exactly as the format defines it."""
+        groups = self.k // self.group_size
+        w = torch.cat((self.nibbles & 15, self.nibbles >> 4), 1).view(self.n, groups, self.group_size)
+        w = w.float()
+        if self.zeros is not None:
+            w.sub_(self.zeros.float()[..., None])
+        elif self.offsets is None:
+            w.sub_(8.0)
+        w.mul_(self.scales.float()[..., None])
+        if self.offsets is not None:
+            w.add_(self.offsets.float()[..., None])
+        return w.view(self.n, self.k)
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        x2 = x.reshape(-1, self.k)
+        if self.perm is not None:
+            x2 = x2.index_select(1, self.perm)
+        if 0 < x2.shape[0] <= GEMV_MAX_ROWS:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x2.to(torch.bfloat16).contiguous(), self.packed, self.tinygemm_group, self.scale_zero
+            ).to(x.dtype)
+            if bias is not None:
+                y = y + bias
+        else:
+            y = F.linear(x2, self.dense().to(x.dtype), bias)
+        return y.reshape(*x.shape[:-1], self.n)
+
+
+def _compact(t: torch.Tensor) -> torch.Tensor:
+    half = t.half()
+    return half.contiguous() if torch.equal(half.float(), t) else t.contiguous()
+
+
+def layer_device(layer: nn.Module) -> torch.device:
+    return getattr(layer, "device", None) or torch.device("cpu")
+
+
+def use_triton(device: torch.device) -> bool:
+    """CUDA runs the Triton kernels. Tests can run the same path on CPU tensors under
+    the Triton interpreter (TRITON_INTERPRET=1 and EDGELLM_TRITON_ON_CPU=1)."""
+    return device.type == "cuda" or (
+        os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("EDGELLM_TRITON_ON_CPU") == "1"
+    )
+
+
+def build_kernel(method: QuantLinearMethod, layer: nn.Module, cpu_kernels: str):
+    """The matmul for a loaded weight-quantized linear (see the module docstring)."""
+    device = layer_device(layer)
+    codes = method.int4(layer)
+    if use_triton(device):
+        if codes is not None and codes.offsets is None:
+            return TritonInt4Kernel(codes, device)
+    elif cpu_kernels == "fast" and codes is not None:
+        kernel = CpuInt4Kernel.build(codes, layer.dtype)
+        if kernel is not None:
+            return kernel
+        logger.info("%s: int4 shapes unsuited to the CPU int4 GEMV; dequantized instead", layer.prefix)
+    return DenseKernel(method.dequantize(layer).to(device=device, dtype=layer.dtype))
+
+
+# -- 8-bit weights with 8-bit activations (compressed-tensors int-quantized / float-quantized) --
+
+INT8_ACT_RANGE = 127.5  # compressed-tensors: absmax / ((q_max - q_min) / 2), then round and clamp to int8
+Segment = tuple[int, int, "torch.Tensor | None"]  # output rows [start, end) sharing a static input scale
+
+
+def quant_int8_ref(x: torch.Tensor, static_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (int8 codes, fp32 scale [M, 1]) as compressed-tensors quantizes activations:
+    scale = absmax / 127.5 per token (or the static one), q = clamp(round(x / scale), -128, 127)."""
+    xf = x.float()
+    if static_scale is None:
+        scale = (xf.abs().amax(-1, keepdim=True) / INT8_ACT_RANGE).clamp_min(torch.finfo(torch.float32).tiny)
+    else:
+        scale = static_scale.float().reshape(1, 1).expand(x.shape[0], 1)
+    return torch.round(xf / scale).clamp_(-128, 127).to(torch.int8), scale
+
+
+class Int8W8A8Kernel:
+    """int8 activations (per token, or static per shard) x int8 weights, int32 accumulation.
+    CPU: torch._int_mm (exact integer math); CUDA: activations quantized the same way,
+    dequantized, and fed to the W8A16 Triton kernel."""
+
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor,
+                 segments: list[Segment], device: torch.device) -> None:
+        self.weight = weight.to(device).contiguous()
+        self.scale = scale.to(device)
+        self.segments = [(a, b, None if s is None else s.to(device)) for a, b, s in segments]
+        self.cuda = use_triton(device)
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        x2 = x.reshape(-1, x.shape[-1])
+        parts = []
+        for start, end, static in self.segments:
+            xq, xs = quant_int8_ref(x2, static)
+            w, ws = self.weight[start:end], self.scale[start:end]
+            if self.cuda:
+                from edgellm.kernels.dequant_gemm import w8a16_gemm
+
+                parts.append(w8a16_gemm((xq.float() * xs).to(x.dtype), w, ws[:, None]).float())
+            elif x2.shape[0]:
+                parts.append(torch._int_mm(xq, w.t()).float() * xs * ws)
+            else:
+                parts.append(x2.new_zeros((0, end - start), dtype=torch.float32))
+        y = torch.cat(parts, -1) if len(parts) > 1 else parts[0]
+        if bias is not None:
+            y = y + bias.float()
+        return y.to(x.dtype).reshape(*x.shape[:-1], y.shape[-1])
+
+
+class Int8WeightOnlyKernel:
+    """W8A16: CUDA the Triton kernel; CPU the dequantized weight (exact)."""
+
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, device: torch.device, dtype: torch.dtype) -> None:
+        self.cuda = use_triton(device)
+        if self.cuda:
+            self.weight, self.scale = weight.to(device), scale.to(device)[:, None]
+        else:
+            self.dense = (weight.float() * scale[:, None]).to(dtype)
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.cuda:
+            from edgellm.kernels.dequant_gemm import w8a16_gemm
+
+            return w8a16_gemm(x, self.weight, self.scale, bias)
+        return F.linear(x, self.dense, bias)
+
+
+class FP8Kernel:
+    """CUDA: the FP8 Triton GEMM (W8A8 on sm89+, weight-only dequant elsewhere), per
+    input-scale segment. CPU: the weight dequantized once (exact, fp32), activations
+    quantized to fp8 and back exactly as the W8A8 kernel does."""
+
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, segments: list[Segment],
+                 activations: str | None, device: torch.device, dtype: torch.dtype) -> None:
+        self.cuda = use_triton(device)
+        self.activations = activations  # None (weight-only) | "token" | "tensor"
+        self.segments = [(a, b, None if s is None else s.to(device)) for a, b, s in segments]
+        if self.cuda:
+            self.weight = weight.to(device)
+            self.scale = scale.to(device)[:, None]
+        else:
+            self.dense = (weight.float() * scale[:, None]).to(dtype)
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        from edgellm.kernels.fp8_gemm import (
+            fp8_activations_supported,
+            fp8_gemm,
+            quant_fp8_per_token_ref,
+        )
+        from edgellm.kernels.gemm_common import interpreting
+
+        x2 = x.reshape(-1, x.shape[-1])
+        parts = []
+        # W8A8 where the GPU has fp8 (sm89+) or under the interpreter; weight-only elsewhere
+        act_fp8 = self.activations is not None and (fp8_activations_supported(x.device) or interpreting())
+        for start, end, static in self.segments:
+            b = None if bias is None else bias[start:end]
+            if self.cuda:
+                parts.append(fp8_gemm(x2, self.weight[start:end], self.scale[start:end], static, b,
+                                      use_fp8_activations=act_fp8))
+                continue
+            xa = x2
+            if self.activations is not None:
+                xq, xs = quant_fp8_per_token_ref(x2, static)
+                xa = (xq.float() * xs).to(x.dtype)
+            parts.append(F.linear(xa, self.dense[start:end], b))
+        y = torch.cat(parts, -1) if len(parts) > 1 else parts[0]
+        return y.reshape(*x.shape[:-1], y.shape[-1])

@@ -1,0 +1,69 @@
+"""The embedded default model (SmolLM2-135M-Instruct: Q4_1 linears, Q8_0 embedding) served
+from its own 4-bit blocks (EDGELLM_CPU_QUANT=fast) against the dequantized path (exact,
+the default, which tests/test_default_model.py holds to transformers' GGUF loader).
+
+The fast path's int4 GEMV takes bf16 activations and scales, so exact equality of
+logits is impossible; greedy text must still agree, and teacher-forced top-1 must
+agree almost everywhere (measured: benchmarks/cpu_quant_decode.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edgellm import LLM, SamplingParams
+
+PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "Explain gravity to a child."]
+GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+
+
+def _kernels(llm: LLM) -> set[str]:
+    return {type(m.kernel).__name__ for m in llm.engine.model.modules() if hasattr(m, "kernel")}
+
+
+def _kernel_bytes(llm: LLM) -> int:
+    total = 0
+    for m in llm.engine.model.modules():
+        if hasattr(m, "kernel"):
+            total += sum(t.numel() * t.element_size() for t in vars(m.kernel).values()
+                         if isinstance(t, torch.Tensor))
+    return total
+
+
+@pytest.fixture(scope="module")
+def exact():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EDGELLM_CPU_QUANT", "exact")
+        return LLM(kv_cache_memory=32 << 20, max_model_len=512)
+
+
+@pytest.fixture(scope="module")
+def fast():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EDGELLM_CPU_QUANT", "fast")
+        return LLM(kv_cache_memory=32 << 20, max_model_len=512, max_num_batched_tokens=32)
+
+
+def test_fast_path_keeps_every_linear_in_4_bit(exact, fast):
+    assert _kernels(fast) == {"CpuInt4Kernel"}
+    assert _kernels(exact) == {"DenseKernel"}
+    # packed int4 + a nibble copy + scales: under a third of the fp32 weights
+    assert _kernel_bytes(fast) < _kernel_bytes(exact) / 3
+
+
+def test_fast_greedy_text_equals_the_dequantized_path(exact, fast):
+    chats = [[{"role": "user", "content": p}] for p in PROMPTS]
+    want = [o.outputs[0].text for o in exact.chat(chats, GREEDY)]
+    got = [o.outputs[0].text for o in fast.chat(chats, GREEDY)]
+    assert got == want
+
+
+def test_fast_teacher_forced_top1_agrees(exact, fast):
+    chat = [{"role": "user", "content": "Tell me about the history of the bicycle."}]
+    out = exact.chat(chat, SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True))[0]
+    ids = out.prompt_token_ids + out.outputs[0].token_ids
+    want = exact.prompt_logits([ids])[0]
+    got = fast.prompt_logits([ids])[0]  # 32-token chunks: every step runs the int4 GEMV
+    agree = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
+    assert agree > 0.95, agree
+    assert 0 < (got - want).abs().max().item() < 0.1 * want.abs().max().item()

@@ -1,0 +1,116 @@
+"""GGUF linears stay in their blocks and run through GGUFScheme: a tiny llama.cpp-style
+GGUF (q/k rows permuted like llama.cpp's converter; Q4_0, Q4_1, Q5_0 and Q8_0 mixed,
+also within one fused module) against the gguf package's reference dequantizer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from edgellm.layers.linear import Linear
+from edgellm.loader import load_model, resolve_checkpoint
+
+TYPES = {"attn_q": "Q4_0", "attn_k": "Q4_0", "attn_v": "Q4_1", "attn_output": "Q4_1",
+         "ffn_gate": "Q5_0", "ffn_up": "Q8_0", "ffn_down": "Q4_0"}
+HF = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+      "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+      "ffn_down": "mlp.down_proj"}
+
+
+def _permute(w: np.ndarray, n_head: int) -> np.ndarray:  # llama.cpp convert_hf_to_gguf
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tiny_dir, tmp_path_factory):
+    """(path, {hf linear name: reference float32 weight [N, K]})."""
+    import gguf
+    from gguf import GGMLQuantizationType as T
+
+    _, hf = tiny_dir("llama")
+    cfg = hf.config
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_vocab_size(cfg.vocab_size)
+    state = {k: v.float().numpy() for k, v in hf.state_dict().items()}
+    reference = {}
+
+    def put(name: str, w: np.ndarray, type_name: str) -> np.ndarray:
+        qtype = T[type_name]
+        if type_name == "F32":
+            writer.add_tensor(name, w.astype(np.float32))
+            return w
+        blocks = gguf.quants.quantize(w.astype(np.float32), qtype)
+        writer.add_tensor(name, blocks, raw_dtype=qtype)
+        return gguf.quants.dequantize(blocks, qtype).reshape(w.shape)
+
+    put("token_embd.weight", state["model.embed_tokens.weight"], "Q8_0")
+    put("output_norm.weight", state["model.norm.weight"], "F32")
+    put("output.weight", state["lm_head.weight"], "F32")
+    for i in range(cfg.num_hidden_layers):
+        put(f"blk.{i}.attn_norm.weight", state[f"model.layers.{i}.input_layernorm.weight"], "F32")
+        put(f"blk.{i}.ffn_norm.weight", state[f"model.layers.{i}.post_attention_layernorm.weight"], "F32")
+        for short, type_name in TYPES.items():
+            hf_name = f"model.layers.{i}.{HF[short]}"
+            w = state[f"{hf_name}.weight"]
+            heads = {"attn_q": cfg.num_attention_heads, "attn_k": cfg.num_key_value_heads}.get(short)
+            if heads:
+                w = _permute(w, heads)
+            deq = put(f"blk.{i}.{short}.weight", w, type_name)
+            if heads:  # undo the permutation: the HF row order
+                deq = deq.reshape(heads, deq.shape[0] // heads // 2, 2, -1).swapaxes(1, 2).reshape(deq.shape)
+            reference[hf_name] = torch.from_numpy(np.ascontiguousarray(deq))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path, reference
+
+
+def _check_linears(model, reference, fast: bool) -> dict[str, str]:
+    torch.manual_seed(0)
+    kinds = {}
+    for name, module in model.named_modules():
+        if not isinstance(module, Linear) or name == "lm_head":
+            continue
+        parts = ([f"{name.rpartition('.')[0]}.{s}" for s in ("q_proj", "k_proj", "v_proj")]
+                 if name.endswith("qkv_proj") else
+                 [f"{name.rpartition('.')[0]}.{s}" for s in ("gate_proj", "up_proj")]
+                 if name.endswith("gate_up_proj") else [name])
+        w = torch.cat([reference[p] for p in parts], 0)
+        kinds[name.rpartition(".")[2]] = type(module.kernel).__name__
+        for rows in (3, 100):  # a decode-sized and a prefill-sized step (> GEMV_MAX_ROWS)
+            x = torch.randn(rows, w.shape[1])
+            want = F.linear(x, w)
+            got = module(x)
+            if fast and rows <= 64 and kinds[name.rpartition(".")[2]] == "CpuInt4Kernel":
+                assert 0 < ((got - want).abs().max() / want.abs().max()).item() < 2e-2
+            else:
+                assert (got - want).abs().max().item() < 1e-5
+    return kinds
+
+
+def test_gguf_linears_exact(tiny_gguf):
+    path, reference = tiny_gguf
+    model = load_model(resolve_checkpoint(path), torch.float32, cpu_kernels="exact")
+    kinds = _check_linears(model, reference, fast=False)
+    assert set(kinds.values()) == {"DenseKernel"}
+
+
+def test_gguf_int4_blocks_stay_packed_on_the_fast_path(tiny_gguf):
+    path, reference = tiny_gguf
+    model = load_model(resolve_checkpoint(path), torch.float32, cpu_kernels="fast")
+    kinds = _check_linears(model, reference, fast=True)
+    # Q4_0 + Q4_0 + Q4_1 fuse into one int4 kernel; Q5_0 + Q8_0 are dequantized
+    assert kinds == {"qkv_proj": "CpuInt4Kernel", "o_proj": "CpuInt4Kernel",
+                     "gate_up_proj": "DenseKernel", "down_proj": "CpuInt4Kernel"}
