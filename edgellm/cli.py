@@ -185,6 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default="models.yaml")
     p.set_defaults(func=cmd_models)
 
+    from edgellm.quant.convert import add_convert_parser
+
+    add_convert_parser(sub)
+
     try:
         from edgellm.bench import add_bench_parser
     except ImportError as exc:  # the load generator needs httpx (the server/bench extras)
