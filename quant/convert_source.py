@@ -38,6 +38,7 @@ def gguf_to_hf(gguf_path: Path, out_dir: Path, dtype: torch.dtype = torch.float1
     ckpt = GGUFCheckpoint(gguf_path)
     cfg = dict(ckpt.config)
     cfg.pop("torch_dtype", None)
+    cfg.pop("quantization_config", None)  # the output is dequantized: a float checkpoint
     classes = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
     cfg.update(architectures=[classes[cfg["model_type"]]], hidden_act="silu",
                dtype=str(dtype).removeprefix("torch."), rope_parameters=None)
@@ -45,7 +46,7 @@ def gguf_to_hf(gguf_path: Path, out_dir: Path, dtype: torch.dtype = torch.float1
     if "rope_scaling" in cfg:
         cfg["rope_parameters"].update(cfg.pop("rope_scaling"))
     tensors = {}
-    for name, t in tqdm(ckpt.tensors(), desc="dequantize gguf", total=len(ckpt.reader.tensors), leave=False):
+    for name, t in tqdm(ckpt.tensors(keep_quantized=False), desc="dequantize gguf", total=len(ckpt.reader.tensors), leave=False):
         if name == "lm_head.weight" and cfg["tie_word_embeddings"]:
             continue
         tensors[name] = t.to(dtype).contiguous()
@@ -72,7 +73,7 @@ def resolve_source(src: str) -> tuple[Path, str]:
         if not path.is_file():
             raise ConvertError(f"{src}: GGUF file not found")
         st = path.stat()
-        key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+        key = hashlib.sha256(f"v3|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
         cached = _cache_dir() / "gguf-hf" / key
         if not (cached / "model.safetensors").is_file():
             cached.parent.mkdir(parents=True, exist_ok=True)

@@ -148,9 +148,9 @@ class GGUFCheckpoint:
             raise GGUFError(f"{self.path}: rope scaling {scaling!r} in GGUF is not supported")
         return cfg
 
-    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def tensors(self, keep_quantized: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, tensor) for every tensor in the file: raw uint8 blocks [N, row bytes] for
-        the linears in `linear_types`, float32 for the rest."""
+        the linears in `linear_types` (unless keep_quantized is False), float32 for the rest."""
         from gguf.constants import GGML_QUANT_SIZES
         from gguf.quants import dequantize
 
@@ -161,7 +161,7 @@ class GGUFCheckpoint:
             if name is None:
                 raise GGUFError(f"{self.path}: unexpected tensor {t.name!r}")
             shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims innermost first
-            if name in self.linear_types:
+            if keep_quantized and name in self.linear_types:
                 block, block_bytes = GGML_QUANT_SIZES[t.tensor_type]
                 rows = int(np.prod(shape[:-1]))
                 if shape[-1] % block or t.data.size != rows * shape[-1] // block * block_bytes:

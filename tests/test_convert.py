@@ -341,7 +341,6 @@ def test_asymmetric_ct_and_ignore(tmp_path):
     # llm-compressor issue #1618); the format itself is what compressed-tensors' compressor writes.
 
 
-@pytest.mark.slow
 def test_gguf_source_is_dequantized_to_an_hf_directory(tmp_path, monkeypatch):
     pytest.importorskip("gguf")
     from edgellm.loader import default_model_path
@@ -354,9 +353,14 @@ def test_gguf_source_is_dequantized_to_an_hf_directory(tmp_path, monkeypatch):
     src, desc = cv.resolve_source(str(gguf))
     cfg = json.loads((src / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["dtype"] == "float16"
+    assert "quantization_config" not in cfg  # dequantized: a float checkpoint convert accepts
+    cv.check_source_config(src)
     assert (src / "tokenizer.json").is_file() and "GGUF" in desc
     with safe_open(str(src / "model.safetensors"), "pt") as h:
-        assert h.get_slice("model.layers.0.self_attn.q_proj.weight").get_dtype() == "F16"
+        q = h.get_slice("model.layers.0.self_attn.q_proj.weight")
+        assert q.get_dtype() == "F16" and q.get_shape() == [cfg["hidden_size"], cfg["hidden_size"]]
+        down = h.get_slice("model.layers.0.mlp.down_proj.weight")
+        assert down.get_shape() == [cfg["hidden_size"], cfg["intermediate_size"]]
     again, _ = cv.resolve_source(str(gguf))
     assert again == src  # cached
 
