@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,6 +24,9 @@ class AttentionMetadata:
     query_start_loc_tensor: torch.Tensor  # [B + 1] int32 (for kernels)
     max_query_len: int = 1  # host-side maxima, so kernels need no device sync to size their grid
     max_seq_len: int = 1
+    # what every layer's attention would otherwise rebuild (masks, gather indices), filled by the
+    # first layer that needs it
+    step_cache: dict = field(default_factory=dict)
 
 
 @dataclass

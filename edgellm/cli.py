@@ -35,6 +35,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
     g.add_argument("--kv-cache-memory", type=_memory, default=None,
                    help="KV cache size in bytes (e.g. 1G); default: a fraction of free memory")
+    g.add_argument("--cpu-quant", default=None, choices=["exact", "fast"],
+                   help="quantized weights on CPU: exact (dequantized once, fp32 matmuls) or fast (int4 kept "
+                        "packed, bf16 activations in decode; logits move by ~1e-2). Default: $EDGELLM_CPU_QUANT, "
+                        "else exact")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--chat-template", default=None, help="a Jinja chat template (file or string)")
     g.add_argument("--architecture", default=None,
@@ -48,6 +52,7 @@ def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
         block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
         kv_cache_dtype=args.kv_cache_dtype, kv_cache_memory=args.kv_cache_memory, seed=args.seed,
         chat_template=args.chat_template, architecture=getattr(args, "architecture", None),
+        cpu_quant=getattr(args, "cpu_quant", None),
     )
     fields.update(overrides)
     return EngineConfig(**fields)

@@ -117,6 +117,9 @@ class EngineConfig:
     tokenizer: str | None = None  # a directory with tokenizer files; default: the model's own
     chat_template: str | None = None  # a Jinja template string or path overriding the model's
     architecture: str | None = None  # override the checkpoint's architecture (models.arch name or HF class)
+    # quantized linears on CPU: "exact" (dequantized once, fp32 matmul) or "fast" (packed int4 GEMV
+    # with bf16 activations, int8 logits head); None: $EDGELLM_CPU_QUANT, else exact
+    cpu_quant: str | None = None
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
@@ -133,4 +136,6 @@ class EngineConfig:
             raise ValueError("kv_cache_memory_fraction must be in (0, 0.95]")
         if self.kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3"):
             raise ValueError(f"kv_cache_dtype must be auto or fp8, got {self.kv_cache_dtype!r}")
+        if self.cpu_quant is not None and self.cpu_quant not in ("exact", "fast"):
+            raise ValueError(f"cpu_quant must be exact or fast, got {self.cpu_quant!r}")
         self.torch_dtype = parse_dtype(self.dtype, self.device)

@@ -195,6 +195,9 @@ def load_model(
         model = CausalLM(cfg, scheme, dtype, max_position)
     _load_into(model, ckpt, arch, cfg)
     model.eval()
+    if scheme.cpu_kernels == "fast" and scheme.name != "none" and torch.device(device).type == "cpu" \
+            and dtype == torch.float32:
+        model.use_fast_logits()
     logger.info(
         "loaded %s (%s, %d layers, hidden %d, quant %s, cpu kernels %s) as %s",
         ckpt.path, arch.name, cfg.num_layers, cfg.hidden_size, scheme.name, scheme.cpu_kernels, dtype,

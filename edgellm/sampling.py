@@ -26,6 +26,8 @@ from typing import Protocol
 import torch
 
 _MAX_LOGPROBS = 20
+# torch.Generator takes a 64-bit seed; n > 1 adds the choice index, so stay in int64 like vLLM
+_SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1
 
 
 @dataclass
@@ -79,6 +81,8 @@ class SamplingParams:
             bad(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
         if not 0.0 < self.repetition_penalty <= 2.0:
             bad(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        if self.seed is not None and (not isinstance(self.seed, int) or not _SEED_MIN <= self.seed <= _SEED_MAX):
+            bad(f"seed must be an integer in [{_SEED_MIN}, {_SEED_MAX}], got {self.seed!r}")
         if self.logprobs is not None and not 0 <= self.logprobs <= _MAX_LOGPROBS:
             bad(f"logprobs must be in [0, {_MAX_LOGPROBS}], got {self.logprobs}")
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

@@ -63,16 +63,19 @@ def _gather_kv(
     dtype: torch.dtype,
     k_scale: float,
     v_scale: float,
+    idx: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V [B, Hkv, length, D] in `dtype` (dequantized when the cache is fp8).
 
     One index_select over whole blocks for K and V together: contiguous
     block-sized copies, several times faster on CPU than advanced indexing.
+    idx: the flattened block ids (block_tables[:, :nblocks]) when the caller has them.
     """
     block_size = kv_cache.shape[2]
     batch = block_tables.shape[0]
     nblocks = -(-length // block_size)
-    idx = block_tables[:, :nblocks].reshape(-1)
+    if idx is None:
+        idx = block_tables[:, :nblocks].reshape(-1)
     kv = torch.index_select(kv_cache, 1, idx)  # [2, B * nblocks, BS, Hkv, D]
     kv = kv.view(2, batch, nblocks * block_size, kv_cache.shape[3], kv_cache.shape[4])[:, :, :length]
     k, v = kv[0], kv[1]
@@ -94,23 +97,35 @@ def paged_attention_ref(
     sliding_window: int | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    step_cache: dict | None = None,
 ) -> torch.Tensor:
+    """step_cache: a dict shared by the layers of one step, holding what every layer would
+    otherwise rebuild (the decode mask and gather indices); None: computed here."""
     out = torch.empty_like(query)
     dtype = query.dtype
-    block_tables = block_tables.long()
     if num_decodes:
-        lens = torch.tensor(seq_lens[:num_decodes])
-        max_len = int(lens.max())
-        k, v = _gather_kv(kv_cache, block_tables[:num_decodes], max_len, dtype, k_scale, v_scale)
-        kv_pos = torch.arange(max_len)[None, :]
-        mask = kv_pos < lens[:, None]
-        if sliding_window is not None:
-            mask &= kv_pos > (lens[:, None] - 1 - sliding_window)
+        key_ = ("decode", sliding_window)
+        plan = step_cache.get(key_) if step_cache is not None else None
+        if plan is None:
+            tables = block_tables[:num_decodes].long()
+            lens = torch.tensor(seq_lens[:num_decodes])
+            max_len = max(seq_lens[:num_decodes])
+            kv_pos = torch.arange(max_len)[None, :]
+            mask = kv_pos < lens[:, None]
+            if sliding_window is not None:
+                mask &= kv_pos > (lens[:, None] - 1 - sliding_window)
+            nblocks = -(-max_len // kv_cache.shape[2])
+            plan = (tables, max_len, mask[:, None, None, :], tables[:, :nblocks].reshape(-1))
+            if step_cache is not None:
+                step_cache[key_] = plan
+        tables, max_len, mask, idx = plan
+        k, v = _gather_kv(kv_cache, tables, max_len, dtype, k_scale, v_scale, idx)
         q = query[:num_decodes].unsqueeze(2)  # [B, Hq, 1, D]
-        o = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=True
-        )
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
         out[:num_decodes] = o.squeeze(2)
+    if num_decodes == len(seq_lens):
+        return out
+    block_tables = block_tables.long()
     for i in range(num_decodes, len(seq_lens)):
         start, end = query_start_loc[i], query_start_loc[i + 1]
         q_len, ctx = end - start, seq_lens[i]

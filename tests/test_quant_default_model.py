@@ -40,8 +40,8 @@ def exact():
 @pytest.fixture(scope="module")
 def fast():
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("EDGELLM_CPU_QUANT", "fast")
-        return LLM(kv_cache_memory=32 << 20, max_model_len=512, max_num_batched_tokens=32)
+        mp.setenv("EDGELLM_CPU_QUANT", "exact")  # the engine option wins over the environment
+        return LLM(kv_cache_memory=32 << 20, max_model_len=512, max_num_batched_tokens=32, cpu_quant="fast")
 
 
 def test_fast_path_keeps_every_linear_in_4_bit(exact, fast):
@@ -67,3 +67,30 @@ def test_fast_teacher_forced_top1_agrees(exact, fast):
     agree = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
     assert agree > 0.95, agree
     assert 0 < (got - want).abs().max().item() < 0.1 * want.abs().max().item()
+
+
+def test_fast_logits_head_is_int8_and_close(exact, fast):
+    head = fast.engine.model.fast_logits
+    assert head is not None and head.codes.dtype == torch.int8
+    assert exact.engine.model.fast_logits is None
+    weight = exact.engine.model.model.embed_tokens.weight  # tied: the embedding is the head
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(5, weight.shape[1], generator=g) * 2.0  # decode-sized: the int8 GEMV
+    want = torch.nn.functional.linear(x, weight)
+    got = head(x)
+    assert got.shape == want.shape and got.dtype == torch.float32
+    err = (got - want).abs().max().item()
+    assert 0 < err < 0.02 * want.abs().max().item(), err
+    # the highest logits are recomputed in fp32: exactly the reference's values there
+    top = want.topk(head.REFINE // 2, dim=-1).indices
+    assert torch.allclose(got.gather(1, top), want.gather(1, top), rtol=1e-5, atol=1e-5)
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+    many = torch.randn(head.GEMV_MAX_ROWS + 1, weight.shape[1], generator=g)  # prefill-sized: fp32
+    assert torch.equal(head(many), torch.nn.functional.linear(many, weight))
+
+
+def test_cpu_quant_option_is_validated():
+    from edgellm.config import EngineConfig
+
+    with pytest.raises(ValueError, match="cpu_quant must be exact or fast"):
+        EngineConfig(cpu_quant="turbo")

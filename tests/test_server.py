@@ -6,20 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import socket
 import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
 from edgellm.server.chunking import is_sentence_end
+from tests.serverutil import ServerProcess, free_port  # noqa: F401  (free_port: re-exported)
 
 MODEL = "test-model"
 MAX_MODEL_LEN = 1024
@@ -30,54 +28,6 @@ STORY = [{"role": "user", "content": "Write a long story about a dragon who lear
 
 
 # ------------------------------------------------------------- the server
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServerProcess:
-    """`python -m edgellm.cli serve ...` on a free port; ready once /health answers."""
-
-    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        cmd = [sys.executable, "-m", "edgellm.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-               "--no-access-log", *args]
-        self.log = open(log_path, "wb")  # noqa: SIM115  (the server writes to it until stop())
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **(env or {})})
-
-    def wait_ready(self, timeout: float = 240.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited ({self.proc.returncode}):\n{self.log_text()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        self.stop()
-        raise RuntimeError(f"server not ready after {timeout}s:\n{self.log_text()}")
-
-    def log_text(self) -> str:
-        self.log.flush()
-        return self.log_path.read_text(errors="replace")[-6000:]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-
-
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
     d = tmp_path_factory.mktemp("serve")

@@ -27,7 +27,7 @@ def block_hash(parent: bytes | None, tokens: Seq[int], extra: bytes = b"") -> by
 
 
 class Block:
-    __slots__ = ("block_id", "ref_count", "hash")
+    __slots__ = ("block_id", "hash", "ref_count")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
@@ -166,6 +166,19 @@ class BlockManager:
             if block.ref_count == 0:
                 self.free_queue[block_id] = None  # most recently used: evicted last
         seq.block_table = []
+
+    def exclusive_blocks(self, seq: Sequence) -> list[int]:
+        """The blocks only this sequence holds (freed with it)."""
+        return [b for b in seq.block_table if self.blocks[b].ref_count == 1]
+
+    def uncache(self, seq: Sequence) -> None:
+        """Take the blocks only this sequence holds out of the prefix cache (their KV is suspect)."""
+        for block_id in seq.block_table:
+            block = self.blocks[block_id]
+            if block.ref_count == 1 and block.hash is not None:
+                if self.cached.get(block.hash) == block_id:
+                    del self.cached[block.hash]
+                block.hash = None
 
     def forget(self, seq: Sequence) -> None:
         """Drop per-sequence bookkeeping once a request is done for good."""

@@ -7,9 +7,11 @@ what one sequence can hold.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import time
+from collections.abc import Iterator
 from collections.abc import Sequence as Seq
 
 import torch
@@ -26,7 +28,7 @@ from edgellm.engine.output import (
 from edgellm.engine.runner import ModelRunner, kv_cache_bytes_per_block
 from edgellm.engine.scheduler import Scheduler
 from edgellm.engine.sequence import FinishReason, Sequence, Status
-from edgellm.loader import load_model, model_config, resolve_checkpoint
+from edgellm.loader import CheckpointError, load_model, model_config, resolve_checkpoint
 from edgellm.sampling import SamplingParams
 from edgellm.tokenizer import Tokenizer
 
@@ -51,15 +53,34 @@ def _available_memory(device: torch.device) -> int:
     return 4 << 30
 
 
+@contextlib.contextmanager
+def _names_the_file(source: object) -> Iterator[None]:
+    """Whatever a bad checkpoint makes the loader raise becomes a CheckpointError (a ValueError: the
+    CLI prints it as one line, no traceback) that names the file and the problem."""
+    try:
+        yield
+    except (MemoryError, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        if isinstance(exc, CheckpointError):
+            raise  # the loader's own errors name their file already
+        where, msg = str(source), str(exc) or type(exc).__name__
+        if not isinstance(exc, ValueError):
+            msg = f"cannot load ({type(exc).__name__}: {msg})"
+        raise CheckpointError(msg if where in msg else f"{where}: {msg}") from exc
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.device = torch.device(config.device)
         torch.manual_seed(config.seed)
-        self.checkpoint = resolve_checkpoint(config.model)
-        mcfg: ModelConfig = model_config(self.checkpoint, config.architecture)
-        self.model_config = mcfg
-        self.tokenizer = Tokenizer.load(self.checkpoint.path, self.checkpoint.kind, config.chat_template)
+        with _names_the_file(config.model or "the embedded default model"):
+            self.checkpoint = resolve_checkpoint(config.model)
+        with _names_the_file(self.checkpoint.path):
+            mcfg: ModelConfig = model_config(self.checkpoint, config.architecture)
+            self.model_config = mcfg
+            self.tokenizer = Tokenizer.load(self.checkpoint.path, self.checkpoint.kind, config.chat_template)
         self.eos_token_ids = list(mcfg.eos_token_ids)
         if self.tokenizer is not None:
             self.eos_token_ids += [t for t in self.tokenizer.eos_token_ids if t not in self.eos_token_ids]
@@ -69,8 +90,9 @@ class LLMEngine:
         if config.max_model_len and config.max_model_len > mcfg.max_position_embeddings:
             logger.warning("max_model_len %d exceeds the model's max_position_embeddings %d",
                            config.max_model_len, mcfg.max_position_embeddings)
-        self.model = load_model(self.checkpoint, config.torch_dtype, self.device, max_position=requested_len,
-                                architecture=config.architecture)
+        with _names_the_file(self.checkpoint.path):
+            self.model = load_model(self.checkpoint, config.torch_dtype, self.device, max_position=requested_len,
+                                    architecture=config.architecture, cpu_kernels=config.cpu_quant)
 
         per_block = kv_cache_bytes_per_block(self.model, config.block_size, self.kv_dtype)
         budget = config.kv_cache_memory or int(_available_memory(self.device) * config.kv_cache_memory_fraction)
@@ -112,6 +134,8 @@ class LLMEngine:
         self.prompts: dict[str, str | None] = {}
         self._counter = itertools.count()
         self.num_steps = 0
+        # request ids of the step in progress (None while it is being planned)
+        self.step_request_ids: list[str] | None = []
 
     # --------------------------------------------------------------- requests
     def _cache_key(self, seq: Sequence) -> bytes:
@@ -178,8 +202,12 @@ class LLMEngine:
 
     # ------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
-        """Plan and run one step; returns an output for each request that advanced or finished."""
+        """Plan and run one step; returns an output for each request that advanced or finished.
+
+        If it raises, `fail_step` finishes the requests this step held with an error."""
+        self.step_request_ids = None  # unknown until the plan exists
         sched = self.scheduler.schedule()
+        self.step_request_ids = [item.seq.request_id for item in sched.scheduled]
         if not sched:
             return []
         now = time.monotonic()
@@ -194,6 +222,14 @@ class LLMEngine:
             seq = item.seq
             seq.num_computed_tokens += item.num_new_tokens
             self.block_manager.cache_full_blocks(seq, seq.num_computed_tokens, self._cache_key(seq))
+            error = result.failed.get(seq.request_id)
+            if error is not None:
+                logger.error("request %s failed: %s", seq.request_id, error)
+                # its KV may hold NaN: keep it out of the prefix cache and out of the next owner's way
+                self.block_manager.uncache(seq)
+                self.runner.zero_blocks(self.block_manager.exclusive_blocks(seq))
+                outputs.extend(self.fail_requests([seq.request_id], error))
+                continue
             chunk_logits = result.prompt_logits.get(seq.request_id)
             if chunk_logits is not None:
                 seq.prompt_logits.append(chunk_logits)
@@ -283,6 +319,17 @@ class LLMEngine:
             outs.append(self._finalize(seq))
         return outs
 
+    def fail_step(self, message: str) -> list[RequestOutput]:
+        """The last step raised: fail the requests it held and keep the others.
+
+        If the planner itself raised, which requests it touched is unknown, so every
+        unfinished request fails (the engine's state is then rebuilt from nothing)."""
+        ids = self.step_request_ids
+        if ids is None:
+            ids = [s.request_id for s in list(self.scheduler.running) + list(self.scheduler.waiting)]
+        self.step_request_ids = []
+        return self.fail_requests(ids, message)
+
     def running_request_ids(self) -> list[str]:
         return [s.request_id for s in self.scheduler.running]
 
@@ -301,4 +348,4 @@ class LLMEngine:
         }
 
 
-__all__ = ["LLMEngine", "RequestOutput", "CompletionOutput", "Status"]
+__all__ = ["CompletionOutput", "LLMEngine", "RequestOutput", "Status"]

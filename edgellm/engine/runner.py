@@ -29,6 +29,19 @@ class StepResult:
     logprobs: dict[str, tuple[float, list[tuple[int, float]]]] = field(default_factory=dict)
     # request_id -> float32 logits [chunk_len, vocab] (prompt_logits mode)
     prompt_logits: dict[str, torch.Tensor] = field(default_factory=dict)
+    # request_id -> why it cannot go on (NaN/+inf logits); such rows are not sampled
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+NAN_ERROR = "the model produced non-finite logits (NaN or +inf) for this request"
+
+
+def nonfinite_rows(logits: torch.Tensor) -> list[int]:
+    """Rows of [B, V] logits holding a NaN or +inf (-inf is a legitimately impossible token)."""
+    bad = torch.isnan(logits).any(-1) | torch.isposinf(logits).any(-1)
+    if not bool(bad.any()):
+        return []
+    return bad.nonzero().flatten().tolist()
 
 
 class ModelRunner:
@@ -45,8 +58,12 @@ class ModelRunner:
         self.device = torch.device(device)
         cfg = model.config
         self.kv_caches = []
+        # One block past the allocator's range stays zero: block tables are padded with it, so a
+        # batched read past a sequence's end (masked, but 0 x NaN is NaN) never sees another
+        # request's KV.
+        self.null_block = num_blocks
         for layer in model.model.layers:
-            cache = torch.zeros(2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
+            cache = torch.zeros(2, num_blocks + 1, block_size, cfg.num_kv_heads, cfg.head_dim,
                                 dtype=kv_dtype, device=self.device)
             sa = layer.self_attn
             k_scale, v_scale = float(sa.k_scale), float(sa.v_scale)
@@ -88,7 +105,7 @@ class ModelRunner:
             else:
                 rows_per_seq.append(0)
         max_blocks = max(len(item.seq.block_table) for item in sched.scheduled)
-        tables = torch.zeros(len(sched.scheduled), max_blocks, dtype=torch.int32)
+        tables = torch.full((len(sched.scheduled), max_blocks), self.null_block, dtype=torch.int32)
         for i, item in enumerate(sched.scheduled):
             t = item.seq.block_table
             tables[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
@@ -114,6 +131,15 @@ class ModelRunner:
         return batch, rows_per_seq
 
     @torch.inference_mode()
+    def zero_blocks(self, block_ids: list[int]) -> None:
+        """Clear these blocks' K and V (a failed request's NaN must not outlive it in a reused block)."""
+        if not block_ids:
+            return
+        idx = torch.tensor(block_ids, dtype=torch.int64, device=self.device)
+        for cache in self.kv_caches:
+            cache.index_fill_(1, idx, 0)
+
+    @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> StepResult:
         batch, rows_per_seq = self.build_batch(sched)
         hidden = self.model(batch)
@@ -135,7 +161,18 @@ class ModelRunner:
                 sample_seqs.append(seq)
             row += count
         if sample_seqs:
-            sampled: SampleResult = self.sampler(logits[sample_rows], sample_seqs)
+            rows = logits[sample_rows]
+            # prompt_logits mode hands the raw logits back, whatever they hold
+            bad = [i for i in nonfinite_rows(rows) if not sample_seqs[i].want_prompt_logits]
+            if bad:
+                # One request's NaN (a bad prompt, an overflow) fails that request only.
+                for i in bad:
+                    result.failed[sample_seqs[i].request_id] = NAN_ERROR
+                dropped = set(bad)
+                keep = [i for i in range(len(sample_seqs)) if i not in dropped]
+                rows, sample_seqs = rows[keep], [sample_seqs[i] for i in keep]
+        if sample_seqs:
+            sampled: SampleResult = self.sampler(rows, sample_seqs)
             for seq, tok, lp in zip(sample_seqs, sampled.token_ids, sampled.logprobs):
                 result.sampled[seq.request_id] = tok
                 if lp is not None:

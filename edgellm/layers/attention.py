@@ -83,4 +83,5 @@ class Attention(nn.Module):
         return paged_attention_ref(
             q, k, v, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
             meta.num_decodes, self.scale, self.sliding_window, self.k_scale, self.v_scale,
+            step_cache=meta.step_cache,
         )

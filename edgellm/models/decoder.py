@@ -149,8 +149,24 @@ class CausalLM(nn.Module):
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         return self.model(batch)
 
+    def use_fast_logits(self) -> None:
+        """CPU "fast" mode: an int8 logits head for decode (quant/backends.CpuInt8LogitsHead)."""
+        from edgellm.quant.backends import CpuInt8LogitsHead
+
+        if self.lm_head is None:
+            weight = self.model.embed_tokens.weight
+        else:
+            weight = getattr(self.lm_head, "weight", None)
+            if not isinstance(weight, torch.Tensor) or weight.dtype != torch.float32:
+                return  # a quantized or non-fp32 head keeps its own kernel
+        self.fast_logits = CpuInt8LogitsHead(weight)
+
+    fast_logits = None
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> float32 [N, vocab]."""
+        if self.fast_logits is not None:
+            return self.fast_logits(hidden)
         if self.lm_head is None:
             return F.linear(hidden, self.model.embed_tokens.weight).float()
         return self.lm_head(hidden).float()

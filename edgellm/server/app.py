@@ -1,8 +1,11 @@
 """The FastAPI app: OpenAI routes, /health, /metrics, API-key and body-size guard.
 
 Bodies are read and parsed here (not by FastAPI's injector) so that the
-order of checks is fixed: key (401) -> size (413) -> JSON and types (400) ->
-model (404) -> prompt and parameters (400) -> queue bound (503).
+order of checks is fixed: headers (431) -> key (401) -> size (413) -> JSON and types (400) ->
+model (404) -> prompt and parameters (400) -> queue bound (503). When the
+queue is already full, the 503 comes first, before the body is even read, so
+that a flood costs next to nothing. /openapi.json describes the request
+bodies (the pydantic models) although the routes parse them themselves.
 """
 
 from __future__ import annotations
@@ -13,11 +16,15 @@ import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
-from pydantic import ValidationError
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel, ValidationError
+from pydantic.json_schema import models_json_schema
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -37,11 +44,13 @@ class ServerSettings:
     api_key: str | None = None
     metrics_public: bool = False  # serve /metrics without the API key
     max_body_bytes: int = 4 << 20
+    max_header_bytes: int = 16 << 10  # request target + header names and values
 
 
 class Guard:
-    """API key (constant-time compare) on every path but /health (and /metrics when public);
-    bodies over the size limit are refused from their Content-Length before any is read."""
+    """Header size limit (431); API key (constant-time compare) on every path but /health (and
+    /metrics when public); bodies over the size limit are refused from their Content-Length before
+    any is read."""
 
     def __init__(self, app: ASGIApp, settings: ServerSettings) -> None:
         self.app = app
@@ -53,7 +62,17 @@ class Guard:
             await self.app(scope, receive, send)
             return
         path = scope["path"]
-        headers = dict(scope.get("headers") or [])
+        raw_headers = scope.get("headers") or []
+        # h11 bounds what it buffers before a header block is complete; a complete block that is
+        # still too big (it arrived in one read) is refused here, before anything else
+        size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") \
+            + sum(len(k) + len(v) + 4 for k, v in raw_headers)
+        if size > self.settings.max_header_bytes:
+            err = APIError(431, f"The request's headers are larger than this server's limit of "
+                                f"{self.settings.max_header_bytes} bytes.", code="request_header_fields_too_large")
+            await err.response()(scope, receive, send)
+            return
+        headers = dict(raw_headers)
         open_path = path == "/health" or (path == "/metrics" and self.settings.metrics_public)
         if self.key is not None and not open_path:
             auth = headers.get(b"authorization", b"")
@@ -75,6 +94,17 @@ class Guard:
         await self.app(scope, receive, send)
 
 
+_INLINE_PREPARE_BYTES = 32 * 1024
+_PREPARE_POOL: ThreadPoolExecutor | None = None
+
+
+def _prepare_pool() -> ThreadPoolExecutor:
+    global _PREPARE_POOL
+    if _PREPARE_POOL is None:
+        _PREPARE_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgellm-prepare")
+    return _PREPARE_POOL
+
+
 def _too_big(limit: int) -> APIError:
     return APIError(413, f"The request body is larger than this server's limit of {limit} bytes.",
                     code="request_too_large")
@@ -82,10 +112,13 @@ def _too_big(limit: int) -> APIError:
 
 async def _read_body(request: Request, limit: int) -> bytes:
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise _too_big(limit)
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise _too_big(limit)
+    except ClientDisconnect:  # hung up while sending: nobody to answer
+        raise ClientGone() from None
     return bytes(body)
 
 
@@ -120,7 +153,9 @@ def create_app(models: list[ServedModel], settings: ServerSettings | None = None
             await on_startup()
         yield
 
-    app = FastAPI(title="edgellm", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app = FastAPI(title="edgellm", version=_version(), docs_url=None, redoc_url=None,
+                  openapi_url="/openapi.json", lifespan=lifespan)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     app.state.models = models
     app.state.metrics = metrics
     install_handlers(app)
@@ -137,13 +172,23 @@ def create_app(models: list[ServedModel], settings: ServerSettings | None = None
 
     async def handle(request: Request, cls: type[ChatCompletionRequest | CompletionRequest]) -> Response:
         arrival = time.monotonic()
-        raw = await _read_body(request, settings.max_body_bytes)
+        if all(m.full for m in models):  # overloaded: refuse at once, before reading or tokenizing
+            raise models[0].overloaded()
+        try:
+            raw = await _read_body(request, settings.max_body_bytes)
+        except ClientGone:
+            return Response(status_code=499)
         try:
             req = cls.model_validate_json(raw)
         except ValidationError as exc:
             raise from_validation_error(exc) from None
         served = lookup(req.model)
-        prep = prepare(served, req, arrival)
+        if len(raw) > _INLINE_PREPARE_BYTES:
+            # a big prompt takes seconds to render and tokenize (4 MB: ~3.5 s here); off the event loop,
+            # one at a time, so that every other stream keeps flowing meanwhile
+            prep = await asyncio.get_running_loop().run_in_executor(_prepare_pool(), prepare, served, req, arrival)
+        else:
+            prep = prepare(served, req, arrival)
         served.admit(len(prep.subs))
         run = Run(prep)
         run.start()
@@ -168,11 +213,11 @@ def create_app(models: list[ServedModel], settings: ServerSettings | None = None
             watcher.cancel()
             run.close()
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=_json_body(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         return await handle(request, ChatCompletionRequest)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=_json_body(CompletionRequest))
     async def completions(request: Request) -> Response:
         return await handle(request, CompletionRequest)
 
@@ -200,6 +245,32 @@ def create_app(models: list[ServedModel], settings: ServerSettings | None = None
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     return app
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("edgellm")
+    except Exception:  # noqa: BLE001  (not installed: a source checkout)
+        return "0"
+
+
+def _json_body(model: type[BaseModel]) -> dict[str, Any]:
+    """The OpenAPI request body of a route that parses its body itself (to fix the order of checks)."""
+    return {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}}
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema plus the request models (served at /openapi.json, behind the API key)."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        _, defs = models_json_schema([(ChatCompletionRequest, "validation"), (CompletionRequest, "validation")],
+                                     ref_template="#/components/schemas/{model}")
+        schema.setdefault("components", {}).setdefault("schemas", {}).update(defs.get("$defs", {}))
+        app.openapi_schema = schema
+    return app.openapi_schema
 
 
 class _RunStream(StreamingResponse):

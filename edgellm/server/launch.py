@@ -21,6 +21,8 @@ from edgellm.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
 
+MAX_HEADER_BYTES = 16 * 1024  # request line + headers
+
 
 def select_spec(args: argparse.Namespace) -> ModelSpec:
     """--model (a served name in the registry, or a path), else the registry's entry for the embedded
@@ -123,6 +125,17 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def uvicorn_config(app: Any, args: argparse.Namespace) -> Any:
+    import uvicorn
+
+    # h11 (not httptools, even where installed) so that the header limit holds: a request line plus
+    # headers over MAX_HEADER_BYTES is refused with a 400 and the connection closed.
+    return uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
+                          access_log=args.access_log, timeout_keep_alive=30, lifespan="on",
+                          timeout_graceful_shutdown=10, http="h11",
+                          h11_max_incomplete_event_size=getattr(args, "max_header_bytes", MAX_HEADER_BYTES))
+
+
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -139,15 +152,14 @@ def serve(args: argparse.Namespace) -> int:
     engine = build_engine(spec, args)
     served = ServedModel(names=names, engine=engine, max_waiting_requests=args.max_waiting_requests)
     settings = ServerSettings(api_key=api_key, metrics_public=args.metrics_public,
-                              max_body_bytes=args.max_request_body)
+                              max_body_bytes=args.max_request_body,
+                              max_header_bytes=getattr(args, "max_header_bytes", MAX_HEADER_BYTES))
 
     async def startup() -> None:
         await warm_up(engine, spec)
 
     app = create_app([served], settings, on_startup=startup)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
-                            access_log=args.access_log, timeout_keep_alive=30, lifespan="on",
-                            timeout_graceful_shutdown=10)
+    config = uvicorn_config(app, args)
     try:
         uvicorn.Server(config).run()
     finally:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -100,6 +100,9 @@ class ServerMetrics:
                                labels + ["finished_reason"], registry=r)
         self.rejected = Counter("edgellm:requests_rejected", "Requests refused, by HTTP status.",
                                 ["status"], registry=r)
+        self.inflight = Gauge("edgellm:requests_in_flight",
+                              "Admitted engine requests (prompts x n) not yet finished or aborted.",
+                              labels, registry=r)
         r.register(_EngineCollector(engines))
 
     def observe_finished(self, model: str, arrival: float, m: Any, finish_reason: str) -> None:

@@ -127,6 +127,14 @@ def _raise_param(msg: str) -> Any:
     raise bad_request(msg, param=param)
 
 
+# apply_chat_template's own arguments: template variables only may come from a request
+_RESERVED_TEMPLATE_KWARGS = frozenset({
+    "chat_template", "tokenize", "tools", "documents", "add_generation_prompt", "continue_final_message",
+    "return_dict", "return_tensors", "return_assistant_tokens_mask", "padding", "truncation",
+    "max_length", "tokenizer_kwargs", "conversation", "messages",
+})
+
+
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
@@ -157,6 +165,10 @@ class ChatCompletionRequest(_Sampling):
                 raise bad_request("top_logprobs needs logprobs set to true", param="top_logprobs")
         if self.tools:
             raise bad_request("tools are not supported by this server", param="tools", code="unsupported")
+        reserved = sorted(set(self.chat_template_kwargs or {}) & _RESERVED_TEMPLATE_KWARGS)
+        if reserved:
+            # "chat_template" would let a client run its own Jinja (CPU for as long as it likes)
+            raise bad_request(f"chat_template_kwargs may not set {reserved[0]!r}", param="chat_template_kwargs")
         fmt = (self.response_format or {}).get("type", "text")
         if fmt != "text":
             raise bad_request(f"response_format {fmt!r} is not supported (only 'text')", param="response_format")

@@ -56,16 +56,37 @@ class ServedModel:
                 self._token_text[token_id] = text
         return text
 
+    @property
+    def capacity(self) -> int:
+        """Sequences in flight at most: the running batch plus the waiting line."""
+        return int(self.engine.engine.config.max_num_seqs) + self.max_waiting_requests
+
+    @property
+    def full(self) -> bool:
+        return self.inflight >= self.capacity
+
+    def overloaded(self) -> APIError:
+        """503 + Retry-After, as OpenAI answers 'engine overloaded' (its 429 means a per-key rate
+        limit, which this server has none of); clients, the openai SDK included, retry both."""
+        if self.metrics is not None:
+            self.metrics.rejected.labels("503").inc()
+        return APIError(503, f"The server is overloaded ({self.inflight} requests in flight, "
+                             f"room for {self.capacity}); retry shortly.",
+                        code="server_overloaded", headers={"Retry-After": "1"})
+
     def admit(self, num: int) -> None:
         """Bounded queue: refuse when the waiting line would pass its bound."""
-        capacity = self.engine.engine.config.max_num_seqs + self.max_waiting_requests
-        if self.inflight + num > capacity:
-            if self.metrics is not None:
-                self.metrics.rejected.labels("503").inc()
-            raise APIError(503, f"The server is overloaded ({self.inflight} requests in flight, "
-                                f"room for {capacity}); retry shortly.",
-                           code="server_overloaded", headers={"Retry-After": "1"})
-        self.inflight += num
+        if num > self.capacity:  # could never run: retrying would not help
+            raise bad_request(f"this request needs {num} sequences (prompts x n) but the server runs at "
+                              f"most {self.capacity} at once", param="n", code="too_many_sequences")
+        if self.inflight + num > self.capacity:
+            raise self.overloaded()
+        self.add_inflight(num)
+
+    def add_inflight(self, delta: int) -> None:
+        self.inflight += delta
+        if self.metrics is not None:
+            self.metrics.inflight.labels(self.name).set(self.inflight)
 
 
 @dataclass
@@ -193,7 +214,7 @@ class Run:
     def _release(self, index: int) -> bool:
         if index in self.live:
             self.live.discard(index)
-            self.served.inflight -= 1
+            self.served.add_inflight(-1)
             return True
         return False
 
