@@ -96,6 +96,13 @@ class SamplingParams:
         return self.temperature < 1e-5
 
     @property
+    def argmax_only(self) -> bool:
+        """Only the highest logit matters (greedy, no penalties, no logprobs): a logits head that is
+        exact on its top candidates only (quant/backends.CpuInt8LogitsHead) gives the same token."""
+        return (self.greedy and self.logprobs is None and self.presence_penalty == 0.0
+                and self.frequency_penalty == 0.0 and self.repetition_penalty == 1.0)
+
+    @property
     def has_penalties(self) -> bool:
         return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
                 or self.repetition_penalty != 1.0)

@@ -115,7 +115,9 @@ def paged_attention_ref(
             if sliding_window is not None:
                 mask &= kv_pos > (lens[:, None] - 1 - sliding_window)
             nblocks = -(-max_len // kv_cache.shape[2])
-            plan = (tables, max_len, mask[:, None, None, :], tables[:, :nblocks].reshape(-1))
+            # additive form, built once: SDPA would turn a boolean mask into it in every layer
+            bias = torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, float("-inf"))
+            plan = (tables, max_len, bias[:, None, None, :], tables[:, :nblocks].reshape(-1))
             if step_cache is not None:
                 step_cache[key_] = plan
         tables, max_len, mask, idx = plan

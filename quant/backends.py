@@ -200,8 +200,9 @@ class CpuInt8LogitsHead:
     rounding to 1/254 of each row's absmax (a Q8_0 GGUF embedding is already 8-bit) plus bf16
     activations move logits by ~1e-2 relative. The REFINE highest logits of each row are then
     recomputed in fp32 from the full-precision rows (a [M, REFINE, K] product, microseconds), so
-    the candidates that greedy, top-k/top-p and logprobs look at carry no head error; only the
-    tail, which carries next to no probability, stays approximate."""
+    the argmax is the fp32 head's; the tail stays approximate. The engine therefore sends only
+    rows that need nothing but the argmax (greedy, no penalties, no logprobs) through it; every
+    other row (sampling, logprobs, prompt logits) takes the fp32 weight."""
 
     GEMV_MAX_ROWS = 8
     REFINE = 16
@@ -213,9 +214,20 @@ class CpuInt8LogitsHead:
         self.scales = scale.to(torch.bfloat16)
         self.weight = weight  # the model's own (tied) matrix: no copy
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] > self.GEMV_MAX_ROWS or x.dtype != torch.float32:
+    def __call__(self, x: torch.Tensor, argmax_only: list[bool] | None = None) -> torch.Tensor:
+        """argmax_only: per row, whether only its argmax is needed (None: all rows)."""
+        rows = x.shape[0]
+        approx = list(range(rows)) if argmax_only is None else [i for i, a in enumerate(argmax_only) if a]
+        if not approx or len(approx) > self.GEMV_MAX_ROWS or x.dtype != torch.float32:
             return F.linear(x, self.weight).float()
+        if len(approx) == rows:
+            return self._approx(x)
+        out = F.linear(x, self.weight).float()  # rows that need every logit
+        idx = torch.tensor(approx)
+        out[idx] = self._approx(x[idx])
+        return out
+
+    def _approx(self, x: torch.Tensor) -> torch.Tensor:
         logits = torch._weight_int8pack_mm(x.to(torch.bfloat16), self.codes, self.scales).float()
         top = logits.topk(min(self.REFINE, logits.shape[1]), dim=-1).indices  # [M, R]
         exact = torch.einsum("mk,mrk->mr", x, self.weight[top])

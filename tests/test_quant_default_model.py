@@ -87,6 +87,10 @@ def test_fast_logits_head_is_int8_and_close(exact, fast):
     assert (got.argmax(-1) == want.argmax(-1)).all()
     many = torch.randn(head.GEMV_MAX_ROWS + 1, weight.shape[1], generator=g)  # prefill-sized: fp32
     assert torch.equal(head(many), torch.nn.functional.linear(many, weight))
+    # rows that need every logit (sampling, logprobs) take the fp32 weight, in any company
+    mixed = head(x, [True, False, True, False, False])
+    assert torch.equal(mixed[[1, 3, 4]], want[[1, 3, 4]])
+    assert torch.equal(mixed[[0, 2]], got[[0, 2]])
 
 
 def test_cpu_quant_option_is_validated():
@@ -94,3 +98,21 @@ def test_cpu_quant_option_is_validated():
 
     with pytest.raises(ValueError, match="cpu_quant must be exact or fast"):
         EngineConfig(cpu_quant="turbo")
+
+
+def test_torch_int_gemvs_compute_rows_independently():
+    """A row's result does not depend on the other rows of the call (so the int8 head can take a
+    subset of a step's rows). fp32 F.linear gives no such promise: its blocking depends on M."""
+    g = torch.Generator().manual_seed(3)
+    n, k, group = 96, 128, 32
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+        torch.randint(0, 16, (n, k), dtype=torch.int32, generator=g), 1)
+    sz = torch.randn(k // group, n, 2, generator=g).to(torch.bfloat16)
+    x = torch.randn(23, k, generator=g).to(torch.bfloat16)
+    full = torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group, sz)
+    codes = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+    scales = torch.rand(n, generator=g).to(torch.bfloat16)
+    full8 = torch._weight_int8pack_mm(x, codes, scales)
+    for lo, hi in ((0, 1), (5, 6), (3, 11), (0, 23)):
+        assert torch.equal(torch.ops.aten._weight_int4pack_mm_for_cpu(x[lo:hi], packed, group, sz), full[lo:hi])
+        assert torch.equal(torch._weight_int8pack_mm(x[lo:hi], codes, scales), full8[lo:hi])

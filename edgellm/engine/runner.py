@@ -146,7 +146,12 @@ class ModelRunner:
         result = StepResult()
         if batch.logits_indices.numel() == 0:
             return result
-        logits = self.model.compute_logits(hidden[batch.logits_indices])
+        argmax_only: list[bool] = []
+        for item, count in zip(sched.scheduled, rows_per_seq):
+            if count:
+                ok = not item.seq.want_prompt_logits and item.seq.params.argmax_only
+                argmax_only.extend([ok] * count)
+        logits = self.model.compute_logits(hidden[batch.logits_indices], argmax_only)
         sample_rows: list[int] = []
         sample_seqs = []
         row = 0

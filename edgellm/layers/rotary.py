@@ -138,6 +138,10 @@ class RotaryEmbedding(nn.Module):
         """q [T, Hq, D], k [T, Hkv, D] rotated by their positions' cos/sin."""
         return _rotate(q, cos, sin, self.rot_dim), _rotate(k, cos, sin, self.rot_dim)
 
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [T, heads, D] (q and k heads side by side) rotated by their positions' cos/sin."""
+        return _rotate(x, cos, sin, self.rot_dim)
+
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot_dim: int) -> torch.Tensor:
     if rot_dim == x.shape[-1]:

@@ -54,11 +54,11 @@ class SelfAttention(nn.Module):
         batch: ForwardBatch,
     ) -> torch.Tensor:
         qkv = self.qkv_proj(x)
-        q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        q = q.reshape(-1, self.num_heads, self.head_dim)
-        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
+        qk, v = qkv.split((self.q_size + self.kv_size, self.kv_size), dim=-1)
+        # q and k heads rotated together: one set of elementwise ops per layer instead of two
+        qk = rotary.rotate(qk.reshape(-1, self.num_heads + self.num_kv_heads, self.head_dim), *cos_sin)
+        q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
         v = v.reshape(-1, self.num_kv_heads, self.head_dim)
-        q, k = rotary.apply(q, k, *cos_sin)
         o = self.attn(q, k, v, batch.attn)
         return self.o_proj(o.reshape(-1, self.q_size))
 
@@ -163,10 +163,11 @@ class CausalLM(nn.Module):
 
     fast_logits = None
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[N, hidden] -> float32 [N, vocab]."""
+    def compute_logits(self, hidden: torch.Tensor, argmax_only: list[bool] | None = None) -> torch.Tensor:
+        """[N, hidden] -> float32 [N, vocab]. argmax_only: per row, whether only its argmax matters
+        (lets the CPU fast head approximate the tail); None: every logit of every row matters."""
         if self.fast_logits is not None:
-            return self.fast_logits(hidden)
+            return self.fast_logits(hidden, argmax_only if argmax_only is not None else [False] * hidden.shape[0])
         if self.lm_head is None:
             return F.linear(hidden, self.model.embed_tokens.weight).float()
         return self.lm_head(hidden).float()
