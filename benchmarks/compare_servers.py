@@ -1,0 +1,609 @@
+"""edgellm serve side by side with the alternatives, in one run on this machine.
+
+Starts each server in turn on the embedded default model (SmolLM2-135M-Instruct,
+Q4_1 GGUF), one at a time so they never share the CPU, and drives each with
+`edgellm bench`'s load generator (the same requests, streamed over the same
+OpenAI API) at fixed concurrencies:
+
+  - edgellm     `python -m edgellm.cli serve` (continuous batching, paged KV cache);
+  - hf          benchmarks/hf_baseline_server.py: transformers generate() with static
+                batching (fp32 on CPU, the GGUF dequantized at load);
+  - llama-server  llama.cpp's C++ server on the same GGUF file (continuous batching,
+                16 slots), when a binary is found at $EDGELLM_LLAMA_SERVER or
+                ~/.cache/edgellm/llama.cpp/build/bin/llama-server; skipped otherwise.
+
+Per server and concurrency: TTFT p50/p95, decode tokens/s per stream (1 / median
+TPOT), total output tokens/s; then edgellm's ratios to each alternative. Also the
+decode roofline: this machine's memory read bandwidth (best of a few large torch
+sums) over the weight bytes one decode step reads in the model as edgellm loads it,
+and edgellm's single-stream fraction of it.
+
+    python benchmarks/compare_servers.py                       # concurrency 1,4,16, random 128 in / 64 out
+    python benchmarks/compare_servers.py --voice               # plus the voice workload at 8 streams
+    python benchmarks/compare_servers.py --servers edgellm,hf --concurrency 1,4
+    python benchmarks/compare_servers.py --quick               # a short smoke run
+
+Writes benchmarks/results/compare_servers.json and .png (--quick: compare_servers_quick.*).
+Every server start and every benchmark level is bounded in time; servers are always
+stopped. No asserts: the numbers are reported as measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import gc
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).resolve().parent / "results"
+SERVERS = ("edgellm", "hf", "llama-server")
+LLAMA_DEFAULT = Path.home() / ".cache" / "edgellm" / "llama.cpp" / "build" / "bin" / "llama-server"
+
+
+# ------------------------------------------------------------------------ machine
+def machine_info(threads: int) -> dict[str, Any]:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info: dict[str, Any] = {
+        "cpu": cpu, "cores": os.cpu_count(), "threads": threads, "torch": torch.__version__,
+        "python": platform.python_version(), "platform": platform.platform(),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "load_average_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }
+    try:
+        import transformers
+
+        info["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=10, check=False).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10, check=False).stdout.strip()
+        info["edgellm_commit"] = rev + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return info
+
+
+def read_bandwidth(threads: int, repeats: int = 5, mbytes: int = 512) -> float:
+    """Memory read bandwidth in GB/s: the best of `repeats` sums over a tensor far beyond the caches."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a = torch.ones(mbytes * (1 << 20) // 4)
+    a.sum()
+    best = math.inf
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a.sum()
+        best = min(best, time.perf_counter() - t)
+    del a
+    return mbytes * (1 << 20) / best / 1e9
+
+
+def decode_weight_bytes(model: Any) -> dict[str, int]:
+    """Bytes of weights one decode step reads in a loaded edgellm model: every linear once
+    (what its kernel reads for a decode-sized step: packed int4 codes + scales for the int4
+    GEMV, else its matrix), the norms, one embedding row, and the matrix the logits
+    multiply by (lm_head, or the embedding when tied)."""
+    from edgellm.layers.linear import Linear
+
+    def nbytes(t: Any) -> int:
+        return t.numel() * t.element_size() if t is not None and hasattr(t, "element_size") else 0
+
+    linear = norms = 0
+    for module in model.modules():
+        if isinstance(module, Linear):
+            kernel = getattr(module, "kernel", None)
+            if kernel is not None and hasattr(kernel, "packed"):  # the CPU int4 GEMV
+                linear += nbytes(kernel.packed) + nbytes(getattr(kernel, "scale_zero", None))
+            elif kernel is not None:
+                linear += sum(nbytes(v) for v in vars(kernel).values() if hasattr(v, "element_size"))
+            else:
+                linear += sum(nbytes(p) for p in module.parameters(recurse=False))
+                linear += sum(nbytes(b) for b in module.buffers(recurse=False))
+            if getattr(module, "bias", None) is not None and kernel is not None:
+                linear += nbytes(module.bias)
+        elif "norm" in type(module).__name__.lower():
+            norms += sum(nbytes(p) for p in module.parameters(recurse=False))
+    emb = model.model.embed_tokens.weight
+    head = nbytes(emb) if getattr(model, "lm_head", None) is None else 0  # tied: logits read the embedding
+    row = emb.shape[1] * emb.element_size()
+    return {"linears": linear, "norms": norms, "tied_logits_matrix": head, "embedding_row": row,
+            "total": linear + norms + head + row}
+
+
+def edgellm_roofline_bytes(cpu_kernels: str | None) -> dict[str, Any]:
+    """Load the default model as `edgellm serve` does (same CPU kernel mode) and count."""
+    from edgellm import LLM
+
+    if cpu_kernels:
+        os.environ["EDGELLM_CPU_QUANT"] = cpu_kernels
+    llm = LLM(kv_cache_memory=32 << 20, max_model_len=256, enable_prefix_caching=False)
+    model = llm.engine.model
+    out: dict[str, Any] = decode_weight_bytes(model)
+    out["dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
+    out["cpu_kernels"] = cpu_kernels or os.environ.get("EDGELLM_CPU_QUANT", "exact")
+    del llm, model
+    gc.collect()
+    return out
+
+
+# ------------------------------------------------------------------------ servers
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def find_llama_server(explicit: str | None) -> Path | None:
+    for cand in (explicit, os.environ.get("EDGELLM_LLAMA_SERVER"), str(LLAMA_DEFAULT)):
+        if cand and Path(cand).expanduser().is_file() and os.access(Path(cand).expanduser(), os.X_OK):
+            return Path(cand).expanduser()
+    return None
+
+
+def llama_flags(binary: Path) -> set[str]:
+    """The long options this llama-server build knows (builds differ across versions)."""
+    try:
+        proc = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    return set(re.findall(r"--[a-z][a-z0-9-]+", proc.stdout + proc.stderr))
+
+
+class Server:
+    """A server subprocess on a free port; ready once GET /health answers 200."""
+
+    def __init__(self, name: str, cmd: list[str], port: int, log_dir: Path, env: dict[str, str] | None = None):
+        self.name = name
+        self.cmd = cmd
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = log_dir / f"{name}.log"
+        self.env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+        self.load_average_before = math.nan
+        self.proc: subprocess.Popen | None = None
+        self.log: Any = None
+        self.load_s = math.nan
+        # tried once, instead, when the first command dies of a signal while starting
+        self.fallback: tuple[list[str], str] | None = None
+
+    def start(self, timeout: float) -> None:
+        self.load_average_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
+        self.log = open(self.log_path, "wb")  # noqa: SIM115  (closed in stop())
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT, env=self.env, cwd=ROOT)
+        while time.monotonic() - t0 < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
+                    self.load_s = time.monotonic() - t0
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"{self.name} not ready after {timeout:.0f}s:\n{self.log_tail()}")
+
+    def start_or_fallback(self, timeout: float) -> str | None:
+        """Start; if the process crashes on a signal and a fallback is set, stop and start that
+        instead. Returns the note explaining the fallback when it was used."""
+        try:
+            self.start(timeout)
+            return None
+        except RuntimeError:
+            crashed = self.proc is not None and self.proc.returncode is not None and self.proc.returncode < 0
+            if self.fallback is None or not crashed:
+                raise
+            self.stop()
+            self.cmd, note = self.fallback
+            self.fallback = None
+            print(f"  {self.name} crashed while starting (signal {-self.proc.returncode}); {note}", flush=True)
+            self.log_path = self.log_path.with_name(self.log_path.stem + ".retry.log")
+            self.start(timeout)
+            return note
+
+    def log_tail(self, n: int = 3000) -> str:
+        if self.log is not None:
+            self.log.flush()
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        if self.log is not None:
+            self.log.close()
+            self.log = None
+
+
+def build_servers(args: argparse.Namespace, log_dir: Path, gguf: Path) -> tuple[list[Server], dict[str, str]]:
+    """The servers to run, and why any asked-for one is skipped."""
+    wanted = [s.strip() for s in args.servers.split(",") if s.strip()]
+    for name in wanted:
+        if name not in SERVERS:
+            raise SystemExit(f"unknown server {name!r}: choose from {', '.join(SERVERS)}")
+    servers, skipped = [], {}
+    py = sys.executable
+    threads = str(args.threads)
+    torch_env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    if "edgellm" in wanted:
+        port = free_port()
+        cmd = [py, "-m", "edgellm.cli", "serve", "--config", str(ROOT / "models.yaml"), "--host", "127.0.0.1",
+               "--port", str(port), "--no-access-log", *args.edgellm_arg]
+        servers.append(Server("edgellm", cmd, port, log_dir, torch_env))
+    if "hf" in wanted:
+        port = free_port()
+        cmd = [py, str(Path(__file__).parent / "hf_baseline_server.py"), "--model", str(gguf), "--port", str(port),
+               "--max-batch-size", str(args.hf_max_batch_size), "--batch-window-ms", str(args.hf_batch_window_ms),
+               "--threads", threads]
+        servers.append(Server("hf", cmd, port, log_dir, torch_env))
+    if "llama-server" in wanted:
+        binary = find_llama_server(args.llama_server)
+        if binary is None:
+            skipped["llama-server"] = (
+                f"no llama-server binary (looked at --llama-server, $EDGELLM_LLAMA_SERVER and {LLAMA_DEFAULT}); "
+                "build it from the llama.cpp vendored in the llama-cpp-python sdist to include it")
+        else:
+            port = free_port()
+            slots = max(16, max(args.levels))
+            per_slot = args.context_per_request
+            ctx = max(4096, slots * per_slot)
+            flags = llama_flags(binary)
+            cmd = [str(binary), "-m", str(gguf), "-c", str(ctx), "-np", str(slots), "-t", threads,
+                   "--port", str(port), "--host", "127.0.0.1"]
+            if "--cont-batching" in flags:
+                cmd.append("--cont-batching")
+            if "--jinja" in flags:
+                cmd.append("--jinja")  # the GGUF's own chat template, as the other servers use
+            if "--threads-batch" in flags:
+                cmd += ["--threads-batch", threads]
+            server = Server("llama-server", cmd, port, log_dir)
+            if "--no-repack" in flags:
+                # Some VMs list AMX in /proc/cpuinfo without letting a process use its tiles; ggml's
+                # AMX matmul (reached through weight repacking) then faults at the first graph.
+                # ggml has no repacked layout for Q4_1 besides AMX's, so with repacking off the
+                # linears run the AVX2/AVX-512 kernels llama.cpp uses on CPUs without AMX.
+                server.fallback = ([*cmd, "--no-repack"], "retrying with --no-repack (no AMX repacked weights)")
+            servers.append(server)
+    return servers, skipped
+
+
+# -------------------------------------------------------------------------- bench
+def served_model(url: str) -> str:
+    resp = httpx.get(url + "/v1/models", timeout=30)
+    resp.raise_for_status()
+    return str(resp.json()["data"][0]["id"])
+
+
+def bench_server(server: Server, tokenizer: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Warm up, then one run per concurrency level (plus the voice workload with --voice)."""
+    from edgellm.bench.client import Target, run_load
+    from edgellm.bench.datasets import random_requests, voice_requests
+    from edgellm.bench.report import summarize
+
+    model = served_model(server.url)
+    target = Target(server.url, model, "chat", None, ignore_eos=True, timeout=args.request_timeout)
+    warm = random_requests(tokenizer, 2, 16, 4, 0.0, 12345, True)
+    asyncio.run(run_load(target, warm, 1, duration=args.bench_timeout))
+    levels: list[dict[str, Any]] = []
+    runs = [("random", c) for c in args.levels] + ([("voice", args.voice_concurrency)] if args.voice else [])
+    for workload, c in runs:
+        n = max(args.min_prompts, args.prompts_per_stream * c)
+        if workload == "voice":
+            reqs = voice_requests(tokenizer, n, 512, 32, 64, args.seed)
+        else:
+            reqs = random_requests(tokenizer, n, args.input_len, args.output_len, 0.0, args.seed, True)
+        t = time.perf_counter()
+        results, elapsed = asyncio.run(run_load(target, reqs, c, duration=args.bench_timeout))
+        s = summarize(results, elapsed, label=f"{server.name} {workload} c={c}")
+        row = {
+            "workload": workload, "concurrency": c, "requests": n, "completed": s["completed"],
+            "failed": s["failed"] + (n - len(results)), "errors": s["errors"], "duration_s": s["duration_s"],
+            "ttft_p50_ms": s["ttft_ms"]["median"], "ttft_p95_ms": s["ttft_ms"]["p95"],
+            "tpot_median_ms": s["tpot_ms"]["median"],
+            "decode_tok_s_per_stream": s["decode_tokens_per_s_per_stream"],
+            "output_tok_s": s["output_token_throughput"], "itl_p95_ms": s["itl_ms"]["p95"],
+            "ttft_samples_ms": sorted(r.ttft * 1000 for r in results if r.ok),
+        }
+        levels.append(row)
+        print(f"  {server.name:>12} {workload:>6} c={c:<3} {row['completed']}/{n} ok  "
+              f"TTFT p50 {row['ttft_p50_ms']:8.1f} ms  p95 {row['ttft_p95_ms']:8.1f} ms  "
+              f"decode {row['decode_tok_s_per_stream']:6.1f} tok/s/stream  total {row['output_tok_s']:7.1f} tok/s  "
+              f"({time.perf_counter() - t:.0f}s)", flush=True)
+    return {"model": model, "levels": levels}
+
+
+# ------------------------------------------------------------------------ report
+def _fmt(x: Any, spec: str = ".1f") -> str:
+    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def _level(report: dict[str, Any], server: str, workload: str, c: int) -> dict[str, Any] | None:
+    entry = report["servers"].get(server) or {}
+    for row in entry.get("levels", []):
+        if row["workload"] == workload and row["concurrency"] == c:
+            return row
+    return None
+
+
+def ratios(report: dict[str, Any], levels: list[int]) -> dict[str, list[dict[str, Any]]]:
+    """edgellm / other for throughputs (>1: edgellm faster); other / edgellm for TTFT (>1: edgellm sooner)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for other in ("hf", "llama-server"):
+        rows = []
+        for c in levels:
+            e, o = _level(report, "edgellm", "random", c), _level(report, other, "random", c)
+            if not e or not o:
+                continue
+
+            def div(a: float, b: float) -> float:
+                return a / b if b and math.isfinite(a) and math.isfinite(b) else math.nan
+
+            rows.append({"concurrency": c,
+                         "output_tok_s_x": div(e["output_tok_s"], o["output_tok_s"]),
+                         "decode_per_stream_x": div(e["decode_tok_s_per_stream"], o["decode_tok_s_per_stream"]),
+                         "ttft_p50_speedup_x": div(o["ttft_p50_ms"], e["ttft_p50_ms"]),
+                         "ttft_p95_speedup_x": div(o["ttft_p95_ms"], e["ttft_p95_ms"])})
+        if rows:
+            out[f"edgellm_vs_{other}"] = rows
+    return out
+
+
+def print_report(report: dict[str, Any]) -> None:
+    m = report["machine"]
+    print(f"\n{m['cpu']}, {m['cores']} cores, {m['threads']} threads, torch {m['torch']}, {m['date']}")
+    if m.get("busy"):
+        print(f"warning: busy machine (load average {m['load_average_start']:.1f} at start): numbers distorted")
+    s = report["settings"]
+    print(f"random workload: {s['input_len']} prompt tokens, {s['output_len']} output tokens (ignore_eos), "
+          f"greedy, chat endpoint\n")
+    head = ["server", "workload", "streams", "ok/sent", "TTFT p50 ms", "TTFT p95 ms", "decode tok/s/stream",
+            "output tok/s"]
+    rows = []
+    for name, entry in report["servers"].items():
+        if entry.get("status") != "ok":
+            rows.append([name, "-", "-", "-", entry.get("status", "?"), "", "", ""])
+            continue
+        for r in entry["levels"]:
+            rows.append([name, r["workload"], str(r["concurrency"]), f"{r['completed']}/{r['requests']}",
+                         _fmt(r["ttft_p50_ms"]), _fmt(r["ttft_p95_ms"]), _fmt(r["decode_tok_s_per_stream"]),
+                         _fmt(r["output_tok_s"])])
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
+    print(" | ".join(h.rjust(w) for h, w in zip(head, widths)))
+    print("-+-".join("-" * w for w in widths))
+    for r in rows:
+        print(" | ".join(v.rjust(w) for v, w in zip(r, widths)))
+    for name, entry in report["servers"].items():
+        if entry.get("status") != "ok":
+            print(f"\n{name}: {entry.get('status')}: {entry.get('reason', '')}")
+    for key, rows_ in report["ratios"].items():
+        print(f"\n{key.replace('_', ' ')} (>1: edgellm better)")
+        print(" streams | output tok/s x | decode/stream x | TTFT p50 speedup | TTFT p95 speedup")
+        for r in rows_:
+            print(f" {r['concurrency']:>7} | {_fmt(r['output_tok_s_x'], '.2f'):>14} | "
+                  f"{_fmt(r['decode_per_stream_x'], '.2f'):>15} | {_fmt(r['ttft_p50_speedup_x'], '.2f'):>16} | "
+                  f"{_fmt(r['ttft_p95_speedup_x'], '.2f'):>16}")
+    rl = report.get("roofline") or {}
+    if rl.get("bytes_per_token"):
+        print(f"\ndecode roofline: read bandwidth {_fmt(rl['read_GBps'])} GB/s / "
+              f"{rl['bytes_per_token'] / 1e6:.1f} MB of weights per token ({rl['weights']['dtype']}, "
+              f"cpu kernels {rl['weights']['cpu_kernels']}) = {_fmt(rl['roofline_tok_s'])} tok/s; "
+              f"edgellm single stream {_fmt(rl.get('edgellm_single_stream_tok_s'))} tok/s = "
+              f"{_fmt(100 * rl.get('fraction', math.nan))}% of it")
+    elif rl.get("error"):
+        print(f"\ndecode roofline: not computed ({rl['error']})")
+
+
+def plot(report: dict[str, Any], path: Path, cdf_level: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    for name, entry in report["servers"].items():
+        if entry.get("status") != "ok":
+            continue
+        row = _level(report, name, "random", cdf_level)
+        if row and row["ttft_samples_ms"]:
+            xs = row["ttft_samples_ms"]
+            axes[0].step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=name)
+        rows = [r for r in entry["levels"] if r["workload"] == "random"]
+        cs = [r["concurrency"] for r in rows]
+        axes[1].plot(cs, [r["output_tok_s"] for r in rows], marker="o", label=name)
+        axes[2].plot(cs, [r["decode_tok_s_per_stream"] for r in rows], marker="o", label=name)
+    rl = report.get("roofline") or {}
+    if rl.get("roofline_tok_s"):
+        axes[2].axhline(rl["roofline_tok_s"], color="gray", ls="--", lw=1, label="edgellm weights roofline")
+    axes[0].set(title=f"TTFT CDF at {cdf_level} concurrent streams", xlabel="ms", ylabel="fraction")
+    axes[0].set_xscale("log")
+    axes[1].set(title="Total output throughput", xlabel="concurrent streams", ylabel="tok/s")
+    axes[2].set(title="Decode speed per stream (1 / median TPOT)", xlabel="concurrent streams", ylabel="tok/s")
+    levels = report["settings"]["levels"]
+    for ax in axes[1:]:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(levels, [str(c) for c in levels])
+        ax.set_ylim(bottom=0)
+    axes[0].set_ylim(0, 1.02)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    m = report["machine"]
+    fig.suptitle(f"SmolLM2-135M-Instruct Q4_1 on {m['cpu']} ({m['threads']} threads), {m['date'][:10]}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# -------------------------------------------------------------------------- main
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--servers", default=",".join(SERVERS), help="comma-separated subset of " + ", ".join(SERVERS))
+    ap.add_argument("--concurrency", default="1,4,16", help="comma-separated concurrency levels")
+    ap.add_argument("--prompts-per-stream", type=int, default=3, help="requests per level = this x concurrency")
+    ap.add_argument("--min-prompts", type=int, default=8, help="at least this many requests per level")
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--voice", action="store_true",
+                    help="also the voice workload (512-token shared system prompt, 32-token user turn, 64 out)")
+    ap.add_argument("--voice-concurrency", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads for every server")
+    ap.add_argument("--start-timeout", type=float, default=600.0, help="seconds for a server to become ready")
+    ap.add_argument("--bench-timeout", type=float, default=900.0, help="seconds per benchmark level")
+    ap.add_argument("--request-timeout", type=float, default=600.0)
+    ap.add_argument("--hf-max-batch-size", type=int, default=16)
+    ap.add_argument("--hf-batch-window-ms", type=float, default=20.0)
+    ap.add_argument("--llama-server", default=None, help="llama-server binary (default: $EDGELLM_LLAMA_SERVER, "
+                                                         "then ~/.cache/edgellm/llama.cpp/build/bin)")
+    ap.add_argument("--edgellm-arg", action="append", default=[],
+                    help="extra argument for `edgellm serve` (repeatable), e.g. --edgellm-arg=--max-num-seqs=32")
+    ap.add_argument("--no-roofline", dest="roofline", action="store_false")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: concurrency 1,4, 64 in / 16 out, 2 requests per stream; *_quick outputs")
+    ap.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/compare_servers.json)")
+    args = ap.parse_args()
+    if args.quick:
+        args.concurrency = "1,4" if args.concurrency == "1,4,16" else args.concurrency
+        args.prompts_per_stream, args.min_prompts = 2, 3
+        args.input_len, args.output_len = 64, 16
+        args.bench_timeout = min(args.bench_timeout, 300.0)
+    args.levels = sorted({int(x) for x in args.concurrency.split(",") if x.strip()})
+    # context per llama-server slot: prompt (+ chat template) + output, with headroom
+    need = (512 + 32 + 64 if args.voice else 0, args.input_len + args.output_len)
+    args.context_per_request = 1 << math.ceil(math.log2(max(need) + 96))
+    default_name = "compare_servers_quick" if args.quick else "compare_servers"
+    args.out = Path(args.out) if args.out else RESULTS / f"{default_name}.json"
+    return args
+
+
+def main() -> int:
+    args = parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from edgellm.loader import default_model_path
+    from edgellm.tokenizer import Tokenizer
+
+    gguf = Path(default_model_path())
+    tokenizer = Tokenizer.load(gguf, "gguf")
+    if tokenizer is None:
+        raise SystemExit(f"{gguf}: no tokenizer")
+    info = machine_info(args.threads)
+    print(f"{info['cpu']}, {info['cores']} cores, torch {info['torch']}, load average {info['load_average_start']:.1f}")
+    cores = info["cores"] or 1
+    info["busy"] = bool(info["load_average_start"] and info["load_average_start"] > 0.5 * cores)
+    if info["busy"]:
+        print(f"warning: this machine is busy (load average {info['load_average_start']:.1f} on {cores} cores). "
+              "Multi-threaded matmuls stall when their threads are descheduled, so every number below "
+              "is distorted; rerun on an idle machine for figures worth quoting.")
+    bandwidth = read_bandwidth(args.threads) if args.roofline else math.nan
+    if args.roofline:
+        print(f"memory read bandwidth: {bandwidth:.1f} GB/s (best of 5 sums over 512 MiB, {args.threads} threads)")
+
+    log_dir = Path(tempfile.mkdtemp(prefix="compare_servers_"))
+    servers, skipped = build_servers(args, log_dir, gguf)
+    report: dict[str, Any] = {
+        "machine": info,
+        "model": {"gguf": gguf.name, "path": str(gguf)},
+        "settings": {"levels": args.levels, "input_len": args.input_len, "output_len": args.output_len,
+                     "prompts_per_stream": args.prompts_per_stream, "min_prompts": args.min_prompts,
+                     "voice": args.voice, "voice_concurrency": args.voice_concurrency, "quick": args.quick,
+                     "hf_max_batch_size": args.hf_max_batch_size, "hf_batch_window_ms": args.hf_batch_window_ms,
+                     "endpoint": "chat", "temperature": 0.0, "ignore_eos": True},
+        "servers": {},
+    }
+    for name, why in skipped.items():
+        print(f"skipping {name}: {why}")
+        report["servers"][name] = {"status": "skipped", "reason": why}
+
+    edgellm_kernels = None
+    for server in servers:
+        print(f"\n== {server.name}: {' '.join(server.cmd)}", flush=True)
+        entry: dict[str, Any] = {"command": server.cmd}
+        try:
+            note = server.start_or_fallback(args.start_timeout)
+            if note:
+                entry["note"] = note
+                entry["command"] = server.cmd
+            print(f"  ready in {server.load_s:.0f}s", flush=True)
+            entry.update(bench_server(server, tokenizer, args))
+            entry["status"] = "ok"
+            entry["load_s"] = server.load_s
+            entry["load_average_before_start"] = server.load_average_before
+        except (RuntimeError, httpx.HTTPError, OSError) as exc:
+            entry.update(status="failed", reason=str(exc)[-2000:])
+            print(f"  {server.name} failed: {str(exc)[-1500:]}", flush=True)
+        finally:
+            server.stop()
+        if server.name == "edgellm":
+            found = re.search(r"cpu kernels (\w+)", server.log_tail(10**6))
+            edgellm_kernels = found.group(1) if found else None
+            entry["cpu_kernels"] = edgellm_kernels
+        report["servers"][server.name] = entry
+    info["load_average_end"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+
+    report["ratios"] = ratios(report, args.levels)
+    if args.roofline:
+        rl: dict[str, Any] = {"read_GBps": bandwidth}
+        try:
+            weights = edgellm_roofline_bytes(edgellm_kernels)
+            rl.update(weights=weights, bytes_per_token=weights["total"],
+                      roofline_tok_s=bandwidth * 1e9 / weights["total"])
+            single = _level(report, "edgellm", "random", 1)
+            if single:
+                rl["edgellm_single_stream_tok_s"] = single["decode_tok_s_per_stream"]
+                rl["fraction"] = single["decode_tok_s_per_stream"] / rl["roofline_tok_s"]
+        except Exception as exc:  # noqa: BLE001  (the serving numbers stand without it)
+            rl["error"] = f"{type(exc).__name__}: {exc}"
+        report["roofline"] = rl
+
+    print_report(report)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2, default=str))
+    png = args.out.with_suffix(".png")
+    cdf_level = 4 if 4 in args.levels else args.levels[len(args.levels) // 2]
+    plot(report, png, cdf_level)
+    print(f"\nwrote {args.out} and {png}")
+    failed = [name for name, e in report["servers"].items() if e.get("status") == "failed"]
+    if failed:
+        print(f"failed: {', '.join(failed)}; server logs kept in {log_dir}")
+        return 1
+    shutil.rmtree(log_dir, ignore_errors=True)
+    return 0
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,506 @@
+"""Cross-check `edgellm bench` against an independent client, GuideLLM, on the same server.
+
+Starts `edgellm serve` (the embedded default model unless --model) on a free
+port, warms it up, then drives it with the same workload twice:
+
+  1. `guidellm run` (the vLLM project's benchmark tool), synthetic text
+     prompts of --input-len tokens, --output-len output tokens (it sends
+     ignore_eos, so output lengths are fixed), concurrent profile with
+     --concurrency streams, --requests requests;
+  2. `python -m edgellm.cli bench`, random dataset with the same input and
+     output lengths (range ratio 0, ignore_eos), the same concurrency and
+     request count, on the chat completions endpoint like GuideLLM.
+
+Each tool runs --rounds times (default 2), alternating which goes first
+(guidellm then edgellm bench, then the reverse), with a new seed per round so
+that no prompt is served from the prefix cache twice; on a shared machine
+this keeps a change in background load from favouring one tool. The script
+prints both tools' TTFT p50/p95, decode time per token, E2E latency, and
+output throughput (means over rounds) side by side with the ratio
+edgellm bench / guidellm, and the ratios of each round.
+The two tools measure the same things under different names:
+
+  - TTFT: both from sending the request to the first streamed chunk with
+    content.
+  - decode time per token: GuideLLM's "ITL" is (last token - first token) /
+    (output tokens - 1) per request; `edgellm bench`'s TPOT is the same
+    quantity (measured to the end of the stream). GuideLLM's "TPOT" is
+    (last token - request start) / output tokens, i.e. it includes TTFT.
+    `edgellm bench`'s ITL is the mean gap between content chunks.
+  - output throughput: completed output tokens / benchmark wall time.
+
+Both send the same requests: chat completions, streamed, greedy
+(temperature 0, which GuideLLM is given through its backend `extras`),
+ignore_eos with a fixed max token count.
+
+Prompt token counts differ by design: GuideLLM counts the server's reported
+prompt tokens (chat template included), `edgellm bench` the raw user text.
+The client runs on the same cores as the server, so the CPU time each tool
+used is recorded too: on a 2-core machine a heavier client slows the server.
+
+Results go to benchmarks/results/guidellm_check.json with the machine
+described. The run is bounded (each tool has a wall-clock limit) and the
+server is always stopped. Everything runs offline: GuideLLM sizes its
+synthetic prompts with the default model's tokenizer, saved to a temporary
+directory, and HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE / HF_DATASETS_OFFLINE
+are set so that nothing is fetched from the Hugging Face hub.
+
+Installing GuideLLM
+-------------------
+GuideLLM is not part of edgellm's dependencies. It requires `torch`; install
+the pinned CPU torch first so that pip does not pull a CUDA build, and check
+with a dry run that torch stays as it is:
+
+    .venv/bin/pip install guidellm==0.8.1 --dry-run     # must not list torch
+
+`pip install guidellm` also installs `sanic` (for GuideLLM's mock server,
+not needed here), which brings `uvloop` and `httptools`; uvicorn picks
+uvloop up automatically, which would change the event loop `edgellm serve`
+runs on. To keep the server's environment unchanged, install GuideLLM
+without its dependencies and add the ones it imports:
+
+    .venv/bin/pip install "culsans~=0.10.0" "datasets>=5.0.1" eval_type_backport faker \\
+        "ftfy>=6.0.0" "httpx[http2]<1.0.0" loguru msgpack protobuf "pydantic>=2.11.7" \\
+        "pydantic-settings>=2.0.0" rich tabulate "more-itertools>=10.8.0" "websockets>=13.0"
+    .venv/bin/pip install --no-deps guidellm==0.8.1
+
+(GuideLLM 0.8.1 pins click~=8.4.0; it runs with click 8.5 as well. It warns
+that uvloop is not installed; that only affects the client's own overhead.)
+
+Usage:
+
+    python benchmarks/guidellm_check.py                   # 4 streams, 32 requests, 128 in / 64 out, 2 rounds
+    python benchmarks/guidellm_check.py --concurrency 8 --requests 64 --rounds 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import platform
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = REPO / "benchmarks" / "results" / "guidellm_check.json"
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+               "HF_HUB_DISABLE_TELEMETRY": "1", "DO_NOT_TRACK": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+# ---------------------------------------------------------------------------------------------
+# machine and server
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = math.nan
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_gib = round(int(line.split()[1]) / 2**20, 1)
+                break
+    except OSError:
+        pass
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = math.nan
+    versions: dict[str, str] = {"python": platform.python_version()}
+    for pkg in ("torch", "guidellm", "edgellm"):
+        try:
+            from importlib.metadata import version
+
+            versions[pkg] = version(pkg)
+        except Exception:  # noqa: BLE001  (a missing package is reported as such)
+            versions[pkg] = "not installed"
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": mem_gib, "os": platform.platform(),
+            "load_avg_1m_at_start": round(load, 2), "versions": versions,
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`python -m edgellm.cli serve` on a free loopback port; ready once /health answers."""
+
+    def __init__(self, model: str | None, kv_cache_memory: str, log_path: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        cmd = [sys.executable, "-m", "edgellm.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
+               "--no-access-log", "--kv-cache-memory", kv_cache_memory]
+        if model:
+            cmd += ["--model", model]
+        self._log = open(log_path, "wb")  # noqa: SIM115  (the server writes to it until stop())
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO)
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited ({self.proc.returncode}):\n{self.log_tail()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"server not ready after {timeout:.0f}s:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 4000) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")[-n:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def served_model(url: str) -> str:
+    resp = httpx.get(url + "/v1/models", timeout=30)
+    resp.raise_for_status()
+    return str(resp.json()["data"][0]["id"])
+
+
+def warm_up(url: str, model: str, n: int = 4) -> None:
+    """A few short streamed requests, unrelated to either tool's prompts (no prefix-cache help)."""
+    for i in range(n):
+        body = {"model": model, "max_tokens": 16, "stream": True, "ignore_eos": True, "temperature": 0,
+                "messages": [{"role": "user", "content": f"Warm-up request {i}: count slowly to twenty."}]}
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=300) as resp:
+            resp.raise_for_status()
+            for _ in resp.iter_lines():
+                pass
+
+
+def save_tokenizer(model: str | None, out_dir: Path) -> Path:
+    """The served model's tokenizer as a Hugging Face directory (GuideLLM loads it with AutoTokenizer)."""
+    from edgellm.loader import default_model_path
+    from edgellm.tokenizer import Tokenizer
+
+    src = Path(model) if model else default_model_path()
+    tok = Tokenizer.load(src, "gguf" if src.suffix == ".gguf" else "safetensors")
+    if tok is None:
+        raise RuntimeError(f"{src}: no tokenizer found")
+    tok.hf.save_pretrained(str(out_dir))
+    return out_dir
+
+
+# ---------------------------------------------------------------------------------------------
+# the two tools
+
+
+def _run(cmd: list[str], log_path: Path, timeout: float) -> tuple[int, float, float]:
+    """Run a tool; returns (exit code, wall seconds, CPU seconds the tool and its children used)."""
+    env = {**os.environ, **OFFLINE_ENV}
+    t0 = time.monotonic()
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=log_path.parent,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 15)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+            rc = 124
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    return rc, time.monotonic() - t0, cpu
+
+
+def guidellm_cmd(url: str, model: str, tokenizer_dir: Path, args: argparse.Namespace, out: Path) -> list[str]:
+    exe = shutil.which("guidellm", path=str(Path(sys.executable).parent)) or shutil.which("guidellm")
+    base = [exe] if exe else [sys.executable, "-m", "guidellm"]
+    # Greedy decoding like `edgellm bench` (GuideLLM sends no temperature, so the server would
+    # otherwise sample at its default temperature, a different per-step cost).
+    backend = {"kind": "openai_http", "target": url, "model": model, "http2": False,
+               "request_format": "/v1/chat/completions", "timeout": args.request_timeout,
+               "extras": {"body": {"temperature": 0.0}}}
+    return [
+        *base, "run",
+        "--backend", json.dumps(backend),
+        "--profile", f"kind=concurrent,streams={args.concurrency}",
+        "--constraint", f"kind=max_requests,count={args.requests}",
+        "--tokenizer", f"kind=huggingface_auto,model={tokenizer_dir}",
+        "--data", f"kind=synthetic_text,prompt_tokens={args.input_len},output_tokens={args.output_len}",
+        "--seed", f"kind=static,value={args.seed}",
+        "--output", f"kind=json,path={out}",
+        "--disable-console-interactive",
+    ]
+
+
+def edgellm_bench_cmd(url: str, model: str, tokenizer: str | None, args: argparse.Namespace,
+                      out: Path) -> list[str]:
+    cmd = [
+        sys.executable, "-m", "edgellm.cli", "bench", "--base-url", url, "--model", model,
+        "--endpoint", "chat", "--dataset", "random", "--num-prompts", str(args.requests),
+        "--input-len", str(args.input_len), "--output-len", str(args.output_len), "--range-ratio", "0",
+        "--max-concurrency", str(args.concurrency), "--seed", str(args.seed),
+        "--timeout", str(args.request_timeout), "--duration", str(args.tool_timeout),
+        "--json", str(out), "--no-progress",
+    ]
+    if tokenizer:
+        cmd += ["--tokenizer", tokenizer]
+    return cmd
+
+
+def _stat(dist: dict[str, Any], key: str) -> float:
+    if key == "mean":
+        return float(dist["mean"])
+    return float(dist["percentiles"][key])
+
+
+def parse_guidellm(path: Path) -> dict[str, Any]:
+    bench = json.loads(path.read_text())["benchmarks"][0]
+    m = bench["metrics"]
+    ok = {name: m[name]["successful"] for name in (
+        "time_to_first_token_ms", "inter_token_latency_ms", "time_per_output_token_ms",
+        "output_tokens_per_second", "request_latency", "output_token_count", "prompt_token_count")}
+    totals = m["request_totals"]
+    duration = float(bench["duration"])
+    out_tokens = float(ok["output_token_count"]["total_sum"])
+    return {
+        "completed": int(totals["successful"]), "errored": int(totals["errored"]),
+        "incomplete": int(totals["incomplete"]), "duration_s": duration,
+        "ttft_p50_ms": _stat(ok["time_to_first_token_ms"], "p50"),
+        "ttft_p95_ms": _stat(ok["time_to_first_token_ms"], "p95"),
+        "ttft_mean_ms": _stat(ok["time_to_first_token_ms"], "mean"),
+        # GuideLLM's ITL = (last - first token) / (n - 1): edgellm bench's TPOT.
+        "decode_ms_per_token_mean": _stat(ok["inter_token_latency_ms"], "mean"),
+        "decode_ms_per_token_p50": _stat(ok["inter_token_latency_ms"], "p50"),
+        # GuideLLM's TPOT includes the first token: (last token - start) / n.
+        "guidellm_tpot_incl_ttft_mean_ms": _stat(ok["time_per_output_token_ms"], "mean"),
+        "e2e_p50_ms": _stat(ok["request_latency"], "p50") * 1000,
+        "output_throughput_tok_s": float(ok["output_tokens_per_second"]["mean"]),
+        "output_throughput_from_totals_tok_s": out_tokens / duration if duration else math.nan,
+        "output_tokens_total": out_tokens,
+        "prompt_tokens_mean": _stat(ok["prompt_token_count"], "mean"),
+    }
+
+
+def parse_edgellm(path: Path) -> dict[str, Any]:
+    run = json.loads(path.read_text())["runs"][0]
+    return {
+        "completed": int(run["completed"]), "errored": int(run["failed"]), "incomplete": 0,
+        "duration_s": float(run["duration_s"]),
+        "ttft_p50_ms": float(run["ttft_ms"]["median"]), "ttft_p95_ms": float(run["ttft_ms"]["p95"]),
+        "ttft_mean_ms": float(run["ttft_ms"]["mean"]),
+        "decode_ms_per_token_mean": float(run["tpot_ms"]["mean"]),
+        "decode_ms_per_token_p50": float(run["tpot_ms"]["median"]),
+        "itl_mean_ms": float(run["itl_ms"]["mean"]),
+        "e2e_p50_ms": float(run["e2e_ms"]["median"]),
+        "output_throughput_tok_s": float(run["output_token_throughput"]),
+        "output_tokens_total": float(run["total_output_tokens"]),
+        "prompt_tokens_mean": run["total_input_tokens"] / max(1, run["completed"]),
+        "errors": run.get("errors", []),
+    }
+
+
+ROWS = (
+    ("TTFT p50 (ms)", "ttft_p50_ms"),
+    ("TTFT p95 (ms)", "ttft_p95_ms"),
+    ("TTFT mean (ms)", "ttft_mean_ms"),
+    ("decode ms/token mean (ITL | TPOT)", "decode_ms_per_token_mean"),
+    ("decode ms/token p50", "decode_ms_per_token_p50"),
+    ("E2E latency p50 (ms)", "e2e_p50_ms"),
+    ("output throughput (tok/s)", "output_throughput_tok_s"),
+    ("completed requests", "completed"),
+    ("output tokens", "output_tokens_total"),
+)
+
+
+def compare(g: dict[str, Any], e: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for title, key in ROWS:
+        gv, ev = float(g[key]), float(e[key])
+        rows.append({"metric": title, "key": key, "guidellm": gv, "edgellm_bench": ev,
+                     "ratio_edgellm_over_guidellm": ev / gv if gv else math.nan})
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    w = max(len(r["metric"]) for r in rows)
+    lines = [f"{'metric':<{w}}  {'guidellm':>10}  {'edgellm bench':>13}  {'ratio e/g':>9}",
+             f"{'-' * w}  {'-' * 10}  {'-' * 13}  {'-' * 9}"]
+    for r in rows:
+        lines.append(f"{r['metric']:<{w}}  {r['guidellm']:>10.1f}  {r['edgellm_bench']:>13.1f}  "
+                     f"{r['ratio_edgellm_over_guidellm']:>9.3f}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def mean_of_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-metric mean over rounds (numeric fields only)."""
+    out: dict[str, Any] = {}
+    for key, value in runs[0].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = sum(float(r[key]) for r in runs) / len(runs)
+    return out
+
+
+def run_tool(name: str, cmd: list[str], json_path: Path, log_path: Path, timeout: float) -> dict[str, Any]:
+    print(f"[{name}] {' '.join(cmd)}", flush=True)
+    rc, wall, cpu = _run(cmd, log_path, timeout)
+    if not json_path.exists() or (name == "guidellm" and rc != 0):
+        tail = log_path.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"{name} failed (exit {rc}):\n{tail}")
+    print(f"[{name}] done in {wall:.0f} s, client CPU {cpu:.0f} s (exit {rc})", flush=True)
+    return {"exit_code": rc, "wall_s": wall, "client_cpu_s": cpu, "command": cmd}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="HF directory or .gguf to serve (default: the embedded model)")
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="runs per tool, alternating which goes first (A-B, B-A, ...) so that a change in "
+                         "machine load affects both alike; each round uses a new seed (no prefix-cache reuse)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kv-cache-memory", default="512M")
+    ap.add_argument("--request-timeout", type=float, default=300.0, help="per-request timeout (s)")
+    ap.add_argument("--tool-timeout", type=float, default=600.0, help="wall-clock limit for each tool run (s)")
+    ap.add_argument("--client-nice", type=int, default=0,
+                    help="run both clients at this nice level (e.g. 10) so that their CPU use competes "
+                         "less with the server on a small machine")
+    ap.add_argument("--out", default=str(DEFAULT_OUT))
+    ap.add_argument("--keep-logs", default=None, help="copy the server and tool logs to this directory")
+    args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds must be >= 1")
+
+    if not (shutil.which("guidellm", path=str(Path(sys.executable).parent)) or shutil.which("guidellm")):
+        print("guidellm is not installed; see the installation notes in this script's docstring",
+              file=sys.stderr)
+        return 2
+
+    info = machine()
+    work = Path(tempfile.mkdtemp(prefix="guidellm_check_"))
+    tok_dir = save_tokenizer(args.model, work / "tokenizer")
+    server = Server(args.model, args.kv_cache_memory, work / "server.log")
+    g_runs: list[dict[str, Any]] = []
+    e_runs: list[dict[str, Any]] = []
+    t_start = time.monotonic()
+    try:
+        server.wait_ready(300)
+        model = served_model(server.url)
+        warm_up(server.url, model)
+        for rnd in range(args.rounds):
+            seed = args.seed + rnd
+            rargs = argparse.Namespace(**{**vars(args), "seed": seed})
+            g_json, e_json = work / f"guidellm.{rnd}.json", work / f"edgellm_bench.{rnd}.json"
+            g_cmd = guidellm_cmd(server.url, model, tok_dir, rargs, g_json)
+            e_cmd = edgellm_bench_cmd(server.url, model, args.model, rargs, e_json)
+            if args.client_nice:
+                g_cmd = ["nice", "-n", str(args.client_nice), *g_cmd]
+                e_cmd = ["nice", "-n", str(args.client_nice), *e_cmd]
+            order = ["guidellm", "edgellm bench"] if rnd % 2 == 0 else ["edgellm bench", "guidellm"]
+            for name in order:
+                if name == "guidellm":
+                    run = run_tool(name, g_cmd, g_json, work / f"guidellm.{rnd}.log", args.tool_timeout)
+                    g_runs.append({**parse_guidellm(g_json), "round": rnd, "seed": seed, **run})
+                else:
+                    run = run_tool(name, e_cmd, e_json, work / f"edgellm_bench.{rnd}.log", args.tool_timeout)
+                    e_runs.append({**parse_edgellm(e_json), "round": rnd, "seed": seed, **run})
+    finally:
+        server.stop()
+        if args.keep_logs:
+            dest = Path(args.keep_logs)
+            dest.mkdir(parents=True, exist_ok=True)
+            for f in work.iterdir():
+                if f.is_file():
+                    shutil.copy(f, dest / f.name)
+        shutil.rmtree(work, ignore_errors=True)
+
+    g, e = mean_of_rounds(g_runs), mean_of_rounds(e_runs)
+    rows = compare(g, e)
+    per_round = [{"round": gr["round"], "comparison": compare(gr, er)} for gr, er in zip(g_runs, e_runs)]
+    notes = [
+        "decode ms/token: GuideLLM's ITL and edgellm bench's TPOT, both (last - first token) / (n - 1)",
+        (f"GuideLLM TPOT including TTFT, mean: {g['guidellm_tpot_incl_ttft_mean_ms']:.1f} ms; "
+         f"edgellm bench mean chunk gap (ITL): {e['itl_mean_ms']:.1f} ms"),
+        f"GuideLLM throughput from totals: {g['output_throughput_from_totals_tok_s']:.1f} tok/s",
+        (f"prompt tokens per request: GuideLLM {g['prompt_tokens_mean']:.0f} (server count, chat "
+         f"template included), edgellm bench {e['prompt_tokens_mean']:.0f} (raw user text)"),
+        (f"client CPU per run (the client shares the machine's cores with the server): GuideLLM "
+         f"{g['client_cpu_s']:.0f} s in {g['wall_s']:.0f} s, edgellm bench {e['client_cpu_s']:.0f} s "
+         f"in {e['wall_s']:.0f} s (process start-up included)"),
+        (f"{args.rounds} round(s) per tool on the same warm server, alternating which tool goes first; "
+         "values are means over rounds"),
+    ]
+    result = {
+        "workload": {"endpoint": "/v1/chat/completions", "concurrency": args.concurrency,
+                     "requests": args.requests, "input_len": args.input_len, "output_len": args.output_len,
+                     "ignore_eos": True, "rounds": args.rounds, "client_nice": args.client_nice, "seeds": [r["seed"] for r in g_runs]},
+        "server": {"model": model,
+                   "source": args.model or "embedded default (SmolLM2-135M-Instruct Q4_1 GGUF)",
+                   "kv_cache_memory": args.kv_cache_memory},
+        "machine": {**info, "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
+                    "total_wall_s": round(time.monotonic() - t_start, 1)},
+        "comparison": rows,
+        "per_round": per_round,
+        "guidellm_runs": g_runs,
+        "edgellm_bench_runs": e_runs,
+        "notes": notes,
+    }
+
+    print(f"\nGuideLLM vs edgellm bench on edgellm serve ({model}): {args.concurrency} streams, "
+          f"{args.requests} requests, {args.input_len} in / {args.output_len} out, {args.rounds} round(s)")
+    print(f"machine: {info['cpu']}, {info['cores']} cores, {info['date']}, load average "
+          f"{info['load_avg_1m_at_start']} at start, {result['machine']['load_avg_1m_at_end']} at end\n")
+    print(format_table(rows))
+    if args.rounds > 1:
+        for pr in per_round:
+            ratios = {r["key"]: r["ratio_edgellm_over_guidellm"] for r in pr["comparison"]}
+            print(f"  round {pr['round']}: ratio e/g TTFT p50 {ratios['ttft_p50_ms']:.3f}, "
+                  f"decode ms/token {ratios['decode_ms_per_token_mean']:.3f}, "
+                  f"output tok/s {ratios['output_throughput_tok_s']:.3f}")
+    for note in notes:
+        print(f"  - {note}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
