@@ -133,6 +133,9 @@ def decode_weight_bytes(model: Any) -> dict[str, int]:
             norms += sum(nbytes(p) for p in module.parameters(recurse=False))
     emb = model.model.embed_tokens.weight
     head = nbytes(emb) if getattr(model, "lm_head", None) is None else 0  # tied: logits read the embedding
+    fast_head = getattr(model, "fast_logits", None)
+    if fast_head is not None:  # the CPU int8 logits head reads its int8 codes and row scales instead
+        head = nbytes(fast_head.codes) + nbytes(fast_head.scales)
     row = emb.shape[1] * emb.element_size()
     return {"linears": linear, "norms": norms, "tied_logits_matrix": head, "embedding_row": row,
             "total": linear + norms + head + row}
