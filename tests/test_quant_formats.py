@@ -79,14 +79,20 @@ def test_int4_fast_path_runs_packed_and_stays_close(int4_case, monkeypatch):
     assert 0 < err < 0.05  # the same bound a bf16 model meets (test_models)
 
 
-def test_int4_fast_path_prefill_steps_are_exact(int4_case, monkeypatch):
-    """Steps of more than GEMV_MAX_ROWS rows dequantize exactly instead of using the GEMV."""
+@pytest.mark.parametrize("dense_cache_mb", ["2048", "0"])
+def test_int4_fast_path_prefill_steps_are_exact(int4_case, monkeypatch, dense_cache_mb):
+    """Steps of more rows than the GEMV takes use the exact fp32 matrix: kept from load within
+    the budget (EDGELLM_CPU_DENSE_CACHE_MB), else dequantized per call."""
     _, path, _ = int4_case
-    long_prompt = (PROMPT * 5)[:80]
+    long_prompt = (PROMPT * 8)[:140]  # over GEMV_MAX_ROWS_UNCACHED too
     monkeypatch.setenv("EDGELLM_CPU_QUANT", "exact")
     want = LLM(str(path), kv_cache_memory=1 << 20).prompt_logits([long_prompt])[0]
     monkeypatch.setenv("EDGELLM_CPU_QUANT", "fast")
-    got = LLM(str(path), kv_cache_memory=1 << 20).prompt_logits([long_prompt])[0]
+    monkeypatch.setenv("EDGELLM_CPU_DENSE_CACHE_MB", dense_cache_mb)
+    llm = LLM(str(path), kv_cache_memory=1 << 20)
+    kernels = [m.kernel for m in llm.engine.model.modules() if type(getattr(m, "kernel", None)).__name__ == "CpuInt4Kernel"]
+    assert kernels and all((k.dense_weight is None) == (dense_cache_mb == "0") for k in kernels)
+    got = llm.prompt_logits([long_prompt])[0]
     assert (got - want).abs().max().item() < 1e-4
 
 
