@@ -49,6 +49,8 @@ from typing import Any
 
 import httpx
 
+from edgellm.bench.report import cpu_name
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
 SERVERS = ("edgellm", "hf", "llama-server")
@@ -59,14 +61,7 @@ LLAMA_DEFAULT = Path.home() / ".cache" / "edgellm" / "llama.cpp" / "build" / "bi
 def machine_info(threads: int) -> dict[str, Any]:
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_name()
     info: dict[str, Any] = {
         "cpu": cpu, "cores": os.cpu_count(), "threads": threads, "torch": torch.__version__,
         "python": platform.python_version(), "platform": platform.platform(),

@@ -22,12 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from edgellm.bench.report import cpu_name
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.",
            "Explain gravity to a child.", "List three uses of copper."]
@@ -36,14 +37,7 @@ LONG = ("You are a friendly voice assistant for a travel agency. Keep answers sh
 
 
 def machine() -> str:
-    cpu = platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_name()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return (f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads, "
             f"load average {load:.1f} at start")

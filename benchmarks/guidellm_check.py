@@ -93,6 +93,8 @@ from typing import Any
 
 import httpx
 
+from edgellm.bench.report import cpu_name
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "guidellm_check.json"
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
@@ -104,14 +106,7 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_
 
 
 def machine() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_name()
     mem_gib = math.nan
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ from pathlib import Path
 import torch
 
 from edgellm import LLM, SamplingParams
+from edgellm.bench.report import cpu_name
 from edgellm.loader import default_model_path
 
 QUESTIONS = [
@@ -44,14 +44,7 @@ SYSTEM = (
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_name()
     return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads"
 
 
@@ -68,14 +61,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "offline_throughput.json"))
+    ap.add_argument("--cpu-quant", choices=["exact", "fast"], default="exact",
+                    help="edgellm's CPU path for the GGUF's 4-bit weights (transformers always dequantizes)")
+    ap.add_argument("--out", default=None, help="default: results/offline_throughput[_fast].json")
     args = ap.parse_args()
+    suffix = "" if args.cpu_quant == "exact" else f"_{args.cpu_quant}"
+    args.out = args.out or str(Path(__file__).parent / "results" / f"offline_throughput{suffix}.json")
     n_new = args.new_tokens
 
     from transformers import AutoModelForCausalLM
 
     path = default_model_path()
-    llm = LLM(kv_cache_memory=512 << 20)
+    llm = LLM(kv_cache_memory=512 << 20, cpu_quant=args.cpu_quant)
     hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
     tok = llm.get_tokenizer()
     prompts = [tok.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]
@@ -108,7 +105,7 @@ def main() -> None:
     turns = [tok.encode_chat([{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}])
              for q in QUESTIONS[: args.repeats + 1]]
     n_prompt = len(turns[0])
-    cold = LLM(kv_cache_memory=512 << 20, enable_prefix_caching=False)
+    cold = LLM(kv_cache_memory=512 << 20, enable_prefix_caching=False, cpu_quant=args.cpu_quant)
     cold.generate(turns[0], one)
     t_cold, _ = timed(lambda: cold.generate(turns[1], one), args.repeats)
     llm.generate(turns[0], one)  # caches the system prompt
@@ -120,7 +117,7 @@ def main() -> None:
     rows.append((f"prefill tok/s, {n_prompt}-token prompt, prefix hit", n_prompt / t_warm, n_prompt / t_hf_pre))
 
     print(f"\nmachine: {machine()}")
-    print(f"model: {path.name} (edgellm fp32 from GGUF; transformers fp32 from the same GGUF)\n")
+    print(f"model: {path.name} (edgellm --cpu-quant {args.cpu_quant}; transformers fp32 dequantized from the same GGUF)\n")
     print(f"{'measure':48s} {'edgellm':>10s} {'transformers':>13s} {'ratio':>7s}")
     for name, e, h in rows:
         print(f"{name:48s} {e:10.1f} {h:13.1f} {e / h:6.2f}x")
@@ -129,6 +126,7 @@ def main() -> None:
     Path(args.out).write_text(json.dumps({
         "machine": machine(),
         "model": path.name,
+        "cpu_quant": args.cpu_quant,
         "new_tokens": n_new,
         "rows": [{"measure": n, "edgellm": e, "transformers": h, "ratio": e / h} for n, e, h in rows],
         "prefix_hit_speedup": t_cold / t_warm,

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from edgellm.bench.report import cpu_name
 from edgellm.config import EngineConfig
 from edgellm.engine.engine import LLMEngine
 from edgellm.sampling import SamplingParams
@@ -129,7 +130,7 @@ def main() -> None:
         if args.ops:
             print(row["ops_table"])
     out = {
-        "machine": {"cpu": _cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "machine": {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
                     "platform": platform.platform()},
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "cpu_quant": os.environ.get("EDGELLM_CPU_QUANT", "exact"),
@@ -137,16 +138,6 @@ def main() -> None:
     }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "profile_decode.json").write_text(json.dumps(out, indent=2))
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 if __name__ == "__main__":

@@ -133,3 +133,17 @@ def plot(runs: list[tuple[str, list[RequestResult], dict[str, Any]]], path: str)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def cpu_name() -> str:
+    """The CPU's model name (from /proc/cpuinfo on Linux), for describing the machine of a result."""
+    import platform
+    from pathlib import Path
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
