@@ -30,7 +30,7 @@ from edgellm import LLM
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 if not FIXTURES.is_dir():
     FIXTURES = Path("/work/shared/fixtures")
-pytestmark = pytest.mark.skipif(not (FIXTURES / "README.md").is_file(), reason="../shared/fixtures not present")
+pytestmark = pytest.mark.skipif(not (FIXTURES / "README.md").is_file(), reason="../shared/fixtures (the community tools' reference checkpoints, kept outside this repository) not present")
 
 INT4 = ["autoawq_gemm_w4g128", "gptqmodel_gptq_w4g128_sym", "llmcompressor_w4a16_gptq"]
 WEIGHT_ONLY = INT4 + ["bitsandbytes_nf4_dq"]
