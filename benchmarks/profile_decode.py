@@ -37,11 +37,11 @@ class PhaseTimer:
         runner, model = engine.runner, engine.runner.model
         self._wrap(engine.scheduler, "schedule", "schedule")
         self._wrap(runner, "build_batch", "build_batch")
-        self._wrap(model, "forward", "forward", attr_owner=model)
+        self._wrap(model, "forward", "forward")
         self._wrap(model, "compute_logits", "logits")
-        self._wrap(runner, "sampler", "sample", call=True)
+        self._wrap(runner, "sampler", "sample")
 
-    def _wrap(self, owner: object, name: str, key: str, call: bool = False, attr_owner: object = None) -> None:
+    def _wrap(self, owner: object, name: str, key: str) -> None:
         fn = getattr(owner, name)
         bucket = self.totals.setdefault(key, [])
 
@@ -52,10 +52,7 @@ class PhaseTimer:
             finally:
                 bucket.append(time.perf_counter() - t0)
 
-        if isinstance(owner, torch.nn.Module) and name == "forward":
-            owner.forward = timed  # type: ignore[method-assign]
-        else:
-            setattr(owner, name, timed)
+        setattr(owner, name, timed)
 
     def reset(self) -> None:
         for v in self.totals.values():
@@ -95,9 +92,8 @@ def run_batch(engine: LLMEngine, timer: PhaseTimer, batch: int, prompt_len: int,
     phases["engine_other"] = step_ms - sum(phases.values())
     row = {"batch": batch, "step_ms": step_ms, "tok_s": batch * 1e3 / step_ms, "phases_ms": phases}
     if prof is not None:
-        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
-        row["ops_table"] = table
         events = prof.key_averages()
+        row["ops_table"] = events.table(sort_by="self_cpu_time_total", row_limit=25)
         row["ops_per_step"] = sum(e.count for e in events if e.key.startswith("aten::")) / steps
     return row
 

@@ -174,15 +174,18 @@ def awq_layer(
         feats[name] = [t / s for t in feats[name]]
 
     alphas = {}
+
+    def after_norm(key: str, feat: str, norm: nn.Module, lins: list[nn.Linear], block: Callable) -> None:
+        """Scale the linears that read a norm's output; the norm's weight takes the inverse."""
+        s, alphas[key] = search_scale(feats[feat], sub(feat), lins, block, spec, n_grid, duo_scaling)
+        norm.weight.data /= s
+        for lin in lins:
+            lin.weight.data *= s
+        divide(feat, s)
+
     # q/k/v <- input norm, scored on the attention block
-    qkv = list(parts.qkv.values())
-    s, alphas["qkv"] = search_scale(
-        feats["attn"], sub("attn"), qkv, lambda xs: runner.run_module(parts.attn, xs, attn=True),
-        spec, n_grid, duo_scaling)
-    parts.attn_norm.weight.data /= s
-    for lin in qkv:
-        lin.weight.data *= s
-    divide("attn", s)
+    after_norm("qkv", "attn", parts.attn_norm, list(parts.qkv.values()),
+               lambda xs: runner.run_module(parts.attn, xs, attn=True))
 
     # v -> o where v's outputs feed o one to one
     if parts.fused_qkv:
@@ -204,14 +207,8 @@ def awq_layer(
         divide("o", s)
 
     # gate/up <- post-attention norm, scored on the MLP
-    gu = list(parts.gate_up.values())
-    s, alphas["gate_up"] = search_scale(feats["mlp"], sub("mlp"), gu,
-                                        lambda xs: runner.run_module(parts.mlp, xs, attn=False),
-                                        spec, n_grid, duo_scaling)
-    parts.mlp_norm.weight.data /= s
-    for lin in gu:
-        lin.weight.data *= s
-    divide("mlp", s)
+    after_norm("gate_up", "mlp", parts.mlp_norm, list(parts.gate_up.values()),
+               lambda xs: runner.run_module(parts.mlp, xs, attn=False))
 
     # up -> down
     if parts.fused_gate_up:

@@ -33,7 +33,7 @@ from edgellm.quant.schemes import (
     UnquantizedLinearMethod,
     common_g_idx,
     config_error,
-    dequantize_by_shard,
+    dequantize_g_idx,
     empty_param,
     free_params,
     matches_any,
@@ -215,13 +215,7 @@ class PackedMethod(_CTMethod):
         return codes
 
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
-        per_shard = self._g_idx(layer)
-        same, g_idx = common_g_idx(per_shard)
-        codes = self._codes(layer)
-        if same:
-            codes.g_idx = g_idx
-            return codes.dequantize()
-        return dequantize_by_shard(layer, codes, per_shard)
+        return dequantize_g_idx(layer, self._codes(layer), self._g_idx(layer))
 
 
 # -- int8 and fp8: one weight per element, scales per channel or per tensor -------------

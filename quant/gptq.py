@@ -26,7 +26,7 @@ from edgellm.quant.schemes import (
     QuantScheme,
     common_g_idx,
     config_error,
-    dequantize_by_shard,
+    dequantize_g_idx,
     empty_param,
     shard_g_idx,
 )
@@ -97,10 +97,4 @@ class GPTQLinearMethod(QuantLinearMethod):
         return codes
 
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
-        per_shard = shard_g_idx(layer, "g_idx", self.groups)
-        same, g_idx = common_g_idx(per_shard)
-        codes = self._codes(layer)
-        if same:
-            codes.g_idx = g_idx
-            return codes.dequantize()
-        return dequantize_by_shard(layer, codes, per_shard)
+        return dequantize_g_idx(layer, self._codes(layer), shard_g_idx(layer, "g_idx", self.groups))

@@ -163,6 +163,17 @@ def dequantize_by_shard(layer: nn.Module, codes: Int4Codes,
     return torch.cat(rows, 0)
 
 
+def dequantize_g_idx(layer: nn.Module, codes: Int4Codes,
+                     per_shard: list[tuple[str, torch.Tensor | None]]) -> torch.Tensor:
+    """Exact W of an act-order (g_idx) int4 layer: one g_idx for the whole fused module when its
+    shards share it, else each shard with its own."""
+    same, g_idx = common_g_idx(per_shard)
+    if not same:
+        return dequantize_by_shard(layer, codes, per_shard)
+    codes.g_idx = g_idx
+    return codes.dequantize()
+
+
 class QuantLinearMethod(LinearMethod):
     """A weight-quantized linear: the format decodes, quant/backends.py runs the matmul.
 

@@ -38,7 +38,8 @@ NAN_ERROR = "the model produced non-finite logits (NaN or +inf) for this request
 
 def nonfinite_rows(logits: torch.Tensor) -> list[int]:
     """Rows of [B, V] logits holding a NaN or +inf (-inf is a legitimately impossible token)."""
-    bad = torch.isnan(logits).any(-1) | torch.isposinf(logits).any(-1)
+    top = logits.amax(-1)  # one pass: a row's max is NaN if it holds a NaN, +inf if it holds +inf
+    bad = torch.isnan(top) | torch.isposinf(top)
     if not bool(bad.any()):
         return []
     return bad.nonzero().flatten().tolist()
