@@ -198,6 +198,9 @@ def load_model(
     if scheme.cpu_kernels == "fast" and scheme.name != "none" and torch.device(device).type == "cpu" \
             and dtype == torch.float32:
         model.use_fast_logits()
+    if scheme.cpu_kernels == "fast" and torch.device(device).type == "cpu":
+        for attn in model.attention_layers():
+            attn.cpp_decode = True
     logger.info(
         "loaded %s (%s, %d layers, hidden %d, quant %s, cpu kernels %s) as %s",
         ckpt.path, arch.name, cfg.num_layers, cfg.hidden_size, scheme.name, scheme.cpu_kernels, dtype,

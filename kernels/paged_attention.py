@@ -98,12 +98,28 @@ def paged_attention_ref(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     step_cache: dict | None = None,
+    cpp_decode: bool = False,
 ) -> torch.Tensor:
     """step_cache: a dict shared by the layers of one step, holding what every layer would
-    otherwise rebuild (the decode mask and gather indices); None: computed here."""
+    otherwise rebuild (the decode mask and gather indices); None: computed here.
+    cpp_decode: run the decode rows through the C++ kernel (cpu_attention.py) when it builds
+    and supports these tensors."""
     out = torch.empty_like(query)
     dtype = query.dtype
-    if num_decodes:
+    decoded = False
+    if num_decodes and cpp_decode:
+        from . import cpu_attention
+
+        if cpu_attention.supported(query, kv_cache) and cpu_attention.load() is not None:
+            plan = step_cache.get("cpp_decode") if step_cache is not None else None
+            if plan is None:
+                plan = (block_tables[:num_decodes].long().contiguous(), torch.tensor(seq_lens[:num_decodes]))
+                if step_cache is not None:
+                    step_cache["cpp_decode"] = plan
+            out[:num_decodes] = cpu_attention.decode_attention(
+                query[:num_decodes], kv_cache, plan[0], plan[1], scale, sliding_window)
+            decoded = True
+    if num_decodes and not decoded:
         key_ = ("decode", sliding_window)
         plan = step_cache.get(key_) if step_cache is not None else None
         if plan is None:

@@ -10,20 +10,23 @@ its format has decoded the checkpoint tensors (schemes.QuantLinearMethod).
   the activations once per shard.
 - CPU "exact": the weights are dequantized once to the model dtype with the
   format's exact formula; F.linear in fp32.
-- CPU "fast": int4 stays int4. Rows of a step up to GEMV_MAX_ROWS (decode) go
-  through torch's packed int4 GEMV (`_weight_int4pack_mm_for_cpu`), which
-  wants bf16 activations and bf16 scales: about 3 significant digits, so
-  logits move by ~1e-2 relative to the exact path. Larger steps (prefill)
-  use the exactly dequantized fp32 matrix and F.linear, so prefill stays
-  exact. That matrix is kept from load while the process-wide budget
-  EDGELLM_CPU_DENSE_CACHE_MB (default 2048) lasts: memory for time-to-first-
-  token, since dequantizing every layer per prefill step costs ~45 ms on
-  SmolLM2-135M. Past the budget a layer dequantizes into a transient matrix
-  per call and keeps the GEMV up to GEMV_MAX_ROWS_UNCACHED rows. Crossovers
-  measured on a 2-core Xeon (2 layers, ms): 16 rows GEMV 1.50 / cached fp32
-  1.70 / dequant + fp32 4.72; 64 rows 5.53 / 3.60 / 8.84; 128 rows 10.8 / 5.8
-  / 11.2. With fp32 or fp16 activations torch's int4 GEMV takes a scalar path
-  (100x slower), so it is bf16 or nothing. Numbers: benchmarks/cpu_quant_decode.py.
+- CPU "fast": int4 stays int4, and everything wider runs in bf16 on the CPU's
+  bf16 matrix units (AMX / AVX512-BF16 through oneDNN). Rows of a step up to
+  GEMV_MAX_ROWS (decode) go through torch's packed int4 GEMV
+  (`_weight_int4pack_mm_for_cpu`, bf16 activations and bf16 scales: about 3
+  significant digits, so logits move by ~1e-2 relative to the exact path).
+  Its cost grows linearly with rows, while a bf16 matmul over the dequantized
+  weight costs about the same from 1 to 32 rows, so larger steps (batched
+  decode, prefill) use that bf16 matrix: kept from load while the
+  process-wide budget EDGELLM_CPU_DENSE_CACHE_MB (default 2048) lasts
+  (dequantizing every layer per step would cost ~45 ms on SmolLM2-135M).
+  Past the budget a layer dequantizes into a transient fp32 matrix per call
+  and keeps the GEMV up to GEMV_MAX_ROWS_UNCACHED rows. Measured on a 2-core
+  Xeon with AMX (one SmolLM2-135M layer, ms; benchmarks/cpu_quant_decode.py
+  --shapes): 1 row int4 0.096 / bf16 0.31 / fp32 0.28; 8 rows 0.32 / 0.33 /
+  0.65; 16 rows 0.63 / 0.34 / 0.73; 128 rows 4.8 / 0.71 / 2.5 (prefill in
+  bf16 is 3.5x the fp32 speed). With fp32 or fp16 activations torch's int4
+  GEMV takes a scalar path (100x slower), so it is bf16 or nothing.
 
   Which path a step takes depends on its row count, so in "fast" mode a
   sequence's logits can depend (at bf16 noise level) on what it is batched
@@ -47,10 +50,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-GEMV_MAX_ROWS = 16  # rows per call up to which the CPU int4 GEMV beats the cached fp32 matmul
+GEMV_MAX_ROWS = 12  # rows per call up to which the CPU int4 GEMV beats the bf16 matmul (weights from memory)
 GEMV_MAX_ROWS_UNCACHED = 128  # ... and beats dequantizing per call
 DENSE_CACHE_ENV = "EDGELLM_CPU_DENSE_CACHE_MB"
-_dense_cache_used = [0]  # bytes of fp32 prefill copies kept in this process
+_dense_cache_used = [0]  # bytes of bf16 dense copies kept in this process
 
 
 def _reserve_dense(nbytes: int) -> bool:
@@ -91,7 +94,8 @@ class TritonInt4Kernel:
 
 
 class CpuInt4Kernel:
-    """CPU: torch's packed int4 GEMV for small steps, exact dequant + fp32 matmul for large ones.
+    """CPU: torch's packed int4 GEMV for small steps, a bf16 matmul over the dequantized weight for
+    larger ones (fp32 when the dense budget is spent).
 
     Stored in input order sorted by group (desc_act g_idx becomes a permutation of x's
     columns). tinygemm computes w = (q - 8) * scale + zero per group with bf16 scale/zero;
@@ -124,8 +128,9 @@ class CpuInt4Kernel:
         self.scales = _compact(scales)
         self.zeros = None if c.zeros is None else c.zeros.to(torch.uint8).contiguous()
         self.offsets = None if offsets is None else _compact(offsets)
-        # the exact fp32 matrix for prefill, kept while the budget lasts
-        self.dense_weight = self.dense() if _reserve_dense(self.n * self.k * 4) else None
+        # the dequantized matrix in bf16 for larger steps, kept while the budget lasts
+        self.dense_weight = (self.dense().to(torch.bfloat16) if _reserve_dense(self.n * self.k * 2)
+                             else None)
 
     @classmethod
     def build(cls, c: Int4Codes, dtype: torch.dtype) -> CpuInt4Kernel | None:
@@ -167,14 +172,17 @@ class CpuInt4Kernel:
         if self.perm is not None:
             x2 = x2.index_select(1, self.perm)
         dense = self.dense_weight
-        if 0 < x2.shape[0] <= (GEMV_MAX_ROWS if dense is not None else GEMV_MAX_ROWS_UNCACHED):
+        rows = x2.shape[0]
+        if 0 < rows <= (GEMV_MAX_ROWS if dense is not None else GEMV_MAX_ROWS_UNCACHED):
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x2.to(torch.bfloat16).contiguous(), self.packed, self.tinygemm_group, self.scale_zero
             ).to(x.dtype)
-            if bias is not None:
-                y = y + bias
+        elif dense is not None:
+            y = F.linear(x2.to(torch.bfloat16), dense).to(x.dtype)
         else:
-            y = F.linear(x2, (dense if dense is not None else self.dense()).to(x.dtype), bias)
+            y = F.linear(x2, self.dense().to(x.dtype))
+        if bias is not None:
+            y = y + bias
         return y.reshape(*x.shape[:-1], self.n)
 
 
@@ -210,34 +218,45 @@ def build_kernel(method: QuantLinearMethod, layer: nn.Module, cpu_kernels: str):
     return DenseKernel(method.dequantize(layer).to(device=device, dtype=layer.dtype))
 
 
-class CpuInt8LogitsHead:
-    """CPU "fast": the logits projection (the largest matrix of a small model: SmolLM2's tied
-    49152 x 576 embedding is 113 MB in fp32, more than all its int4 layers together) with the
-    weight held as int8 per output row and bf16 activations, through torch's int8 GEMV
-    (`_weight_int8pack_mm`, ~10x faster than the fp32 matmul for one row here). Its cost grows
-    with rows, so steps with more than GEMV_MAX_ROWS rows use the fp32 weight. Error: weight
-    rounding to 1/254 of each row's absmax (a Q8_0 GGUF embedding is already 8-bit) plus bf16
-    activations move logits by ~1e-2 relative. The REFINE highest logits of each row are then
-    recomputed in fp32 from the full-precision rows (a [M, REFINE, K] product, microseconds), so
-    the argmax is the fp32 head's; the tail stays approximate. The engine therefore sends only
-    rows that need nothing but the argmax (greedy, no penalties, no logprobs) through it; every
-    other row (sampling, logprobs, prompt logits) takes the fp32 weight."""
+class CpuFastLogitsHead:
+    """CPU "fast": the logits projection for rows that need nothing but their argmax (greedy, no
+    penalties, no logprobs; the engine decides). It is the largest matrix of a small model
+    (SmolLM2's tied 49152 x 576 embedding is 113 MB in fp32, more than all its int4 layers).
+    Up to INT8_MAX_ROWS such rows read it as int8 per output row through torch's int8 GEMV
+    (`_weight_int8pack_mm`, 28 MB); more rows use a bf16 copy on the bf16 matrix units (its cost
+    is flat in rows). Every other row (sampling, logprobs, prompt logits) takes the fp32 weight.
 
-    GEMV_MAX_ROWS = 8
-    REFINE = 16
+    The argmax stays the fp32 head's: each approximate logit is within B of the fp32 one (weight
+    rounding, bf16 activations, bf16 output; bound() below: 8 standard deviations of the rounding
+    noise), so only tokens whose approximate logit is within 2B of the row's maximum can hold the
+    true maximum. Those
+    candidates are recomputed in fp32 from the full-precision rows and written back; the other
+    logits stay approximate and below them. When a row has more than MAX_CANDIDATES candidates
+    (a flat distribution) it is recomputed whole in fp32."""
+
+    INT8_MAX_ROWS = 4
+    MAX_CANDIDATES = 2048
+    SIGMAS = 8.0
 
     def __init__(self, weight: torch.Tensor) -> None:
         w = weight.float()
-        scale = (w.abs().amax(1) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
+        absmax = w.abs().amax(1)
+        scale = (absmax / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
         self.codes = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()
         self.scales = scale.to(torch.bfloat16)
+        self.bf16 = w.to(torch.bfloat16)
+        # largest per-row mean squares of the weight and of each copy's rounding error
+        self.w_ms = float(w.square().mean(1).max())
+        err = w - self.codes.float() * self.scales.float()[:, None]
+        self.err_ms_int8 = float(err.square().mean(1).max())
+        self.err_ms_bf16 = float((w - self.bf16.float()).square().mean(1).max())
         self.weight = weight  # the model's own (tied) matrix: no copy
 
     def __call__(self, x: torch.Tensor, argmax_only: list[bool] | None = None) -> torch.Tensor:
         """argmax_only: per row, whether only its argmax is needed (None: all rows)."""
         rows = x.shape[0]
         approx = list(range(rows)) if argmax_only is None else [i for i, a in enumerate(argmax_only) if a]
-        if not approx or len(approx) > self.GEMV_MAX_ROWS or x.dtype != torch.float32:
+        if not approx or x.dtype != torch.float32:
             return F.linear(x, self.weight).float()
         if len(approx) == rows:
             return self._approx(x)
@@ -246,11 +265,42 @@ class CpuInt8LogitsHead:
         out[idx] = self._approx(x[idx])
         return out
 
+    def bound(self, x: torch.Tensor, top: torch.Tensor, int8: bool) -> torch.Tensor:
+        """[M, 1]: the half-width of the window around an approximate logit that holds the fp32
+        one. top [M, 1]: the largest |approximate logit| of each row. The output's bf16 rounding is bounded outright (2^-9 of |logit|). The dot product's
+        error, sum_k x_k e_k + d_k w_k (e: the weight's rounding, known at load; d = x - bf16(x),
+        known here), is a sum of K terms of mixed sign with standard deviation
+        sigma = sqrt(|x|^2 ms(e) + |d|^2 ms(w)) (ms: the largest mean square over the rows);
+        SIGMAS standard deviations of it. A worst-case bound (|x|_1 max|e|) is ~15x wider on real
+        hidden states and leaves thousands of candidates; tests/test_quant_default_model.py
+        measures the largest error in sigmas on the model's own hidden states."""
+        d = x - x.to(torch.bfloat16).float()
+        ms_e = self.err_ms_int8 if int8 else self.err_ms_bf16
+        sigma = (x.square().sum(-1, keepdim=True) * ms_e + d.square().sum(-1, keepdim=True) * self.w_ms).sqrt()
+        return self.SIGMAS * sigma + top * (1 / 256)
+
+    def approximate(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(approximate fp32 logits [M, V], each row's max [M, 1], the window half-width [M, 1]),
+        before any refinement."""
+        xb = x.to(torch.bfloat16)
+        int8 = x.shape[0] <= self.INT8_MAX_ROWS
+        if int8:
+            logits = torch._weight_int8pack_mm(xb, self.codes, self.scales).float()
+        else:
+            logits = F.linear(xb, self.bf16).float()
+        hi, lo = logits.amax(-1, keepdim=True), logits.amin(-1, keepdim=True)
+        return logits, hi, self.bound(x, torch.maximum(hi, -lo), int8)
+
     def _approx(self, x: torch.Tensor) -> torch.Tensor:
-        logits = torch._weight_int8pack_mm(x.to(torch.bfloat16), self.codes, self.scales).float()
-        top = logits.topk(min(self.REFINE, logits.shape[1]), dim=-1).indices  # [M, R]
-        exact = torch.einsum("mk,mrk->mr", x, self.weight[top])
-        return logits.scatter_(1, top, exact)
+        logits, hi, bound = self.approximate(x)
+        floor = hi - 2 * bound
+        rows, cols = (logits >= floor).nonzero(as_tuple=True)
+        if rows.numel() > self.MAX_CANDIDATES * x.shape[0]:
+            return F.linear(x, self.weight).float()
+        if x.shape[0] > 1 and int(torch.bincount(rows, minlength=x.shape[0]).max()) > self.MAX_CANDIDATES:
+            return F.linear(x, self.weight).float()
+        logits[rows, cols] = (x[rows] * self.weight[cols]).sum(-1)
+        return logits
 
 
 # -- 8-bit weights with 8-bit activations (compressed-tensors int-quantized / float-quantized) --

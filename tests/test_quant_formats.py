@@ -2,8 +2,8 @@
 and Phi-3 models quantized here the way the tools write them (tests/quant_tiny.py).
 
 The exact CPU path must equal transformers running the dequantized weights (fp32;
-in practice bit for bit); the fast CPU path (int4 GEMV, bf16 activations) must stay
-as close as a bf16 model does. Unsupported formats and options fail at load with a
+in practice bit for bit); the fast CPU path (int4 GEMV or a bf16 matmul, bf16
+activations) must stay as close as a bf16 model does. Unsupported formats and options fail at load with a
 message naming them.
 """
 
@@ -80,9 +80,10 @@ def test_int4_fast_path_runs_packed_and_stays_close(int4_case, monkeypatch):
 
 
 @pytest.mark.parametrize("dense_cache_mb", ["2048", "0"])
-def test_int4_fast_path_prefill_steps_are_exact(int4_case, monkeypatch, dense_cache_mb):
-    """Steps of more rows than the GEMV takes use the exact fp32 matrix: kept from load within
-    the budget (EDGELLM_CPU_DENSE_CACHE_MB), else dequantized per call."""
+def test_int4_fast_path_larger_steps(int4_case, monkeypatch, dense_cache_mb):
+    """Steps of more rows than the GEMV takes use the dequantized matrix: kept from load in bf16
+    within the budget (EDGELLM_CPU_DENSE_CACHE_MB; close, like a bf16 model), else dequantized
+    per call in fp32 (exact)."""
     _, path, _ = int4_case
     long_prompt = (PROMPT * 8)[:140]  # over GEMV_MAX_ROWS_UNCACHED too
     monkeypatch.setenv("EDGELLM_CPU_QUANT", "exact")
@@ -92,8 +93,13 @@ def test_int4_fast_path_prefill_steps_are_exact(int4_case, monkeypatch, dense_ca
     llm = LLM(str(path), kv_cache_memory=1 << 20)
     kernels = [m.kernel for m in llm.engine.model.modules() if type(getattr(m, "kernel", None)).__name__ == "CpuInt4Kernel"]
     assert kernels and all((k.dense_weight is None) == (dense_cache_mb == "0") for k in kernels)
+    assert all(k.dense_weight.dtype == torch.bfloat16 for k in kernels if k.dense_weight is not None)
     got = llm.prompt_logits([long_prompt])[0]
-    assert (got - want).abs().max().item() < 1e-4
+    err = (got - want).abs().max().item()
+    if dense_cache_mb == "0":
+        assert err < 1e-4
+    else:
+        assert 0 < err / want.abs().max().item() < 0.05  # the bound a bf16 model meets
 
 
 W8A8_CASES = [

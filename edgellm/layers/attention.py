@@ -47,6 +47,7 @@ class Attention(nn.Module):
         self.k_scale = 1.0
         self.v_scale = 1.0
         self.scales_known = False  # fp8: set from the checkpoint, else from the first prefill
+        self.cpp_decode = False  # CPU "fast" mode: decode rows through kernels/cpu_attention.py
 
     def bind_cache(self, cache: torch.Tensor, k_scale: float | None, v_scale: float | None) -> None:
         self.kv_cache = cache
@@ -83,5 +84,5 @@ class Attention(nn.Module):
         return paged_attention_ref(
             q, k, v, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
             meta.num_decodes, self.scale, self.sliding_window, self.k_scale, self.v_scale,
-            step_cache=meta.step_cache,
+            step_cache=meta.step_cache, cpp_decode=self.cpp_decode,
         )

@@ -150,8 +150,8 @@ class CausalLM(nn.Module):
         return self.model(batch)
 
     def use_fast_logits(self) -> None:
-        """CPU "fast" mode: an int8 logits head for decode (quant/backends.CpuInt8LogitsHead)."""
-        from edgellm.quant.backends import CpuInt8LogitsHead
+        """CPU "fast" mode: an int8 / bf16 logits head for argmax-only rows (quant/backends.CpuFastLogitsHead)."""
+        from edgellm.quant.backends import CpuFastLogitsHead
 
         if self.lm_head is None:
             weight = self.model.embed_tokens.weight
@@ -159,7 +159,7 @@ class CausalLM(nn.Module):
             weight = getattr(self.lm_head, "weight", None)
             if not isinstance(weight, torch.Tensor) or weight.dtype != torch.float32:
                 return  # a quantized or non-fp32 head keeps its own kernel
-        self.fast_logits = CpuInt8LogitsHead(weight)
+        self.fast_logits = CpuFastLogitsHead(weight)
 
     fast_logits = None
 
