@@ -199,6 +199,9 @@ def load_model(
             and dtype == torch.float32:
         model.use_fast_logits()
     if scheme.cpu_kernels == "fast" and torch.device(device).type == "cpu":
+        from edgellm.kernels import cpu_attention
+
+        cpu_attention.load()  # built (once per machine) at load time, not in the first request
         for attn in model.attention_layers():
             attn.cpp_decode = True
     logger.info(

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
 import threading
 from pathlib import Path
 
@@ -158,6 +159,13 @@ def load():
         key = hashlib.sha256((SOURCE + _cpu_flags() + torch.__version__).encode()).hexdigest()[:16]
         cache = Path(os.environ.get("EDGELLM_CACHE", Path.home() / ".cache" / "edgellm")) / "torch_extensions"
         build = cache / f"edgellm_cpu_attention_{key}"
+        if shutil.which("ninja") is None:  # the pip package's binary, when its bin dir is not on PATH
+            try:
+                import ninja
+
+                os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+            except ImportError:
+                pass
         try:
             from torch.utils.cpp_extension import load_inline
 

@@ -91,3 +91,16 @@ def test_fast_engine_decodes_through_it(built, monkeypatch):
         a.cpp_decode = False
     want = [o.outputs[0].token_ids for o in llm.chat(prompts, params)]
     assert got == want
+
+
+def test_disabled_build_falls_back_to_the_reference(built, monkeypatch):
+    monkeypatch.setattr(cpu_attention, "_module", None)
+    monkeypatch.setattr(cpu_attention, "_failed", False)
+    monkeypatch.setenv(cpu_attention.ENV, "torch")
+    assert cpu_attention.load() is None
+    g = torch.Generator().manual_seed(11)
+    cache = torch.randn(2, 6, 16, 2, 32, generator=g)
+    q = torch.randn(2, 4, 32, generator=g)
+    tables = torch.tensor([[1, 2], [5, 0]], dtype=torch.int32)
+    args = (q, q[:, :2], q[:, :2], cache, tables, [20, 9], [0, 1, 2], 2, 0.2)
+    assert torch.equal(paged_attention_ref(*args, cpp_decode=True), paged_attention_ref(*args))
