@@ -199,11 +199,13 @@ def load_model(
             and dtype == torch.float32:
         model.use_fast_logits()
     if scheme.cpu_kernels == "fast" and torch.device(device).type == "cpu":
-        from edgellm.kernels import cpu_attention
+        from edgellm.kernels import cpu_native
+        from edgellm.models.fused_decode import FusedDecode
 
-        cpu_attention.load()  # built (once per machine) at load time, not in the first request
+        cpu_native.load()  # built (once per machine) at load time, not in the first request
         for attn in model.attention_layers():
             attn.cpp_decode = True
+        model.model.fused = FusedDecode.build(model.model)
     logger.info(
         "loaded %s (%s, %d layers, hidden %d, quant %s, cpu kernels %s) as %s",
         ckpt.path, arch.name, cfg.num_layers, cfg.hidden_size, scheme.name, scheme.cpu_kernels, dtype,

@@ -102,21 +102,21 @@ def paged_attention_ref(
 ) -> torch.Tensor:
     """step_cache: a dict shared by the layers of one step, holding what every layer would
     otherwise rebuild (the decode mask and gather indices); None: computed here.
-    cpp_decode: run the decode rows through the C++ kernel (cpu_attention.py) when it builds
+    cpp_decode: run the decode rows through the C++ kernel (cpu_native.py) when it builds
     and supports these tensors."""
     out = torch.empty_like(query)
     dtype = query.dtype
     decoded = False
     if num_decodes and cpp_decode:
-        from . import cpu_attention
+        from . import cpu_native
 
-        if cpu_attention.supported(query, kv_cache) and cpu_attention.load() is not None:
+        if cpu_native.supported(query, kv_cache) and cpu_native.load() is not None:
             plan = step_cache.get("cpp_decode") if step_cache is not None else None
             if plan is None:
                 plan = (block_tables[:num_decodes].long().contiguous(), torch.tensor(seq_lens[:num_decodes]))
                 if step_cache is not None:
                     step_cache["cpp_decode"] = plan
-            out[:num_decodes] = cpu_attention.decode_attention(
+            out[:num_decodes] = cpu_native.decode_attention(
                 query[:num_decodes], kv_cache, plan[0], plan[1], scale, sliding_window)
             decoded = True
     if num_decodes and not decoded:

@@ -58,11 +58,27 @@ def test_fast_path_keeps_every_linear_in_4_bit(exact, fast):
     assert _kernel_bytes(fast) < _kernel_bytes(exact) / 3
 
 
-def test_fast_greedy_text_equals_the_dequantized_path(exact, fast):
+def test_fast_greedy_text_follows_the_dequantized_path(exact, fast):
+    """Greedy tokens equal the exact path's until a position where the exact model itself is
+    nearly tied (top-2 logprob gap under NEAR_TIE nats): bf16 noise may pick either there, and
+    from then on the texts are different continuations. A fast path that diverged where the
+    exact model is confident would be a bug."""
+    near_tie = 0.1
     chats = [[{"role": "user", "content": p}] for p in PROMPTS]
-    want = [o.outputs[0].text for o in exact.chat(chats, GREEDY)]
-    got = [o.outputs[0].text for o in fast.chat(chats, GREEDY)]
-    assert got == want
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, logprobs=2)
+    want = exact.chat(chats, params)
+    got = fast.chat(chats, GREEDY)
+    equal = 0
+    for w, g in zip(want, got):
+        wt, gt = w.outputs[0].token_ids, g.outputs[0].token_ids
+        first = next((i for i, (a, b) in enumerate(zip(wt, gt)) if a != b), None)
+        if first is None:
+            equal += 1
+            continue
+        top = w.outputs[0].logprobs[first][1]  # the exact model's two best at the divergence
+        gap = top[0][1] - top[1][1]
+        assert gap < near_tie, (first, gap, w.outputs[0].text, g.outputs[0].text)
+    assert equal >= 2  # divergence is the exception
 
 
 def test_fast_teacher_forced_top1_agrees(exact, fast, monkeypatch):

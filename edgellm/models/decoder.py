@@ -122,9 +122,15 @@ class DecoderModel(nn.Module):
             cfg.max_position_embeddings,
         )
 
+    fused = None  # CPU "fast" mode: models/fused_decode.FusedDecode, set by the loader
+
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         x = self.embed_tokens(batch.input_ids)
         cos_sin = self.rotary.cos_sin_for(batch.positions, batch.seq_total_lens, x.dtype)
+        if self.fused is not None:
+            y = self.fused(x, cos_sin, batch.attn)  # None: not a decode-only step
+            if y is not None:
+                return self.norm(y)
         for layer in self.layers:
             x = layer(x, self.rotary, cos_sin, batch)
         return self.norm(x)

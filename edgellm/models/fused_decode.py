@@ -1,0 +1,127 @@
+"""CPU "fast" mode: a decode-only step through every decoder layer in one C++ call
+(kernels/cpu_native.decode_layers).
+
+The layer-by-layer path runs ~40 small torch ops per layer; at batch 1 their Python and
+dispatcher cost was half of a decode step of SmolLM2-135M. The fused call does the same
+math with the same matmul ops (int4 GEMV / bf16 / fp32 dense, chosen by rows exactly as
+quant/backends.CpuInt4Kernel does) and hand-written loops for the rest.
+
+It applies when every linear of every layer is a CPU int4 kernel without an act-order
+permutation and with its dense copy kept, or a plain fp32 matrix; the model runs fp32;
+rotary covers the whole head; and at call time the step is decode-only over fp32 KV
+caches. Anything else (prefill chunks, fp8 KV, other formats) takes the layer path.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+
+from edgellm.batch import AttentionMetadata
+
+if TYPE_CHECKING:
+    from edgellm.models.decoder import DecoderModel
+
+logger = logging.getLogger(__name__)
+
+_EMPTY = torch.empty(0)
+
+
+def _linear_tensors(module) -> tuple[list[torch.Tensor], int] | None:
+    """(packed, scale_zero, dense, bias) and the int4 group for one Linear, or None if unsupported."""
+    from edgellm.quant.backends import CpuInt4Kernel, DenseKernel
+
+    bias = module.bias if isinstance(getattr(module, "bias", None), torch.Tensor) else _EMPTY
+    if bias.numel() and bias.dtype != torch.float32:
+        return None
+    kernel = getattr(module, "kernel", None)
+    if isinstance(kernel, CpuInt4Kernel):
+        if kernel.perm is not None or kernel.dense_weight is None:
+            return None
+        return [kernel.packed, kernel.scale_zero, kernel.dense_weight, bias], kernel.tinygemm_group
+    weight = kernel.weight if isinstance(kernel, DenseKernel) else getattr(module, "weight", None)
+    if kernel is not None and not isinstance(kernel, DenseKernel):
+        return None
+    if not isinstance(weight, torch.Tensor) or weight.dtype != torch.float32 or not weight.is_contiguous():
+        return None
+    return [_EMPTY, _EMPTY, weight, bias], 0
+
+
+class FusedDecode:
+    def __init__(self, model: DecoderModel, static: list[list[torch.Tensor]], meta: list[int]) -> None:
+        first = model.layers[0].self_attn
+        self.model = model
+        self.static = static
+        self.meta = meta
+        self.num_heads, self.num_kv_heads, self.head_dim = first.num_heads, first.num_kv_heads, first.head_dim
+        self.intermediate = model.layers[0].mlp.intermediate_size
+        self.eps = model.layers[0].input_layernorm.eps
+        self.scale = first.attn.scale
+        self._weights: list[torch.Tensor] | None = None
+        self._caches: tuple[int, ...] = ()
+
+    @classmethod
+    def build(cls, model: DecoderModel) -> FusedDecode | None:
+        """The fused pass for this model, or None (logged) when some layer does not fit it."""
+        from edgellm.kernels import cpu_native
+
+        why = None
+        if cpu_native.load() is None:
+            why = "the C++ kernels did not build"
+        elif model.embed_tokens.weight.dtype != torch.float32:
+            why = "the model is not fp32"
+        elif model.rotary.rot_dim != model.layers[0].self_attn.head_dim:
+            why = "partial rotary"
+        static, meta = [], []
+        for layer in model.layers if why is None else []:
+            sa, mlp = layer.self_attn, layer.mlp
+            norms = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+            if any(n.dtype != torch.float32 for n in norms):
+                why = "norm weights not fp32"
+                break
+            parts = [_linear_tensors(m) for m in (sa.qkv_proj, sa.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+            if any(p is None for p in parts):
+                why = f"{sa.qkv_proj.prefix.rsplit('.', 2)[0]}: a linear the fused pass does not run"
+                break
+            (qkv, gq), (o, go), (gu, gg), (down, gd) = parts
+            static.append([norms[0], *qkv, *o, norms[1], *gu, *down])
+            meta.extend([gq, go, gg, gd, int(sa.attn.sliding_window or 0)])
+        if why is not None:
+            logger.info("fused CPU decode off: %s; decoding layer by layer", why)
+            return None
+        return cls(model, static, meta)
+
+    def _weights_for(self, caches: list[torch.Tensor]) -> list[torch.Tensor]:
+        ids = tuple(id(c) for c in caches)
+        if self._weights is None or ids != self._caches:
+            self._weights = [t for static, cache in zip(self.static, caches) for t in (*static, cache)]
+            self._caches = ids
+        return self._weights
+
+    def __call__(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor],
+                 meta: AttentionMetadata) -> torch.Tensor | None:
+        """Hidden states after the last layer (before the final norm), or None: not a step it runs."""
+        from edgellm.kernels import cpu_native
+        from edgellm.quant import backends
+
+        if meta.num_decodes != len(meta.seq_lens) or x.dtype != torch.float32 or x.device.type != "cpu":
+            return None
+        caches = [layer.self_attn.attn.kv_cache for layer in self.model.layers]
+        if any(c is None or c.dtype != torch.float32 or not c.is_contiguous() for c in caches):
+            return None
+        module = cpu_native.load()
+        if module is None:
+            return None
+        rows = x.shape[0]
+        cos, sin = (t.reshape(rows, self.head_dim).contiguous() for t in cos_sin)
+        plan = meta.step_cache.get("fused_decode")
+        if plan is None:
+            plan = (meta.block_tables[:rows].long().contiguous(), torch.tensor(meta.seq_lens[:rows]))
+            meta.step_cache["fused_decode"] = plan
+        return module.decode_layers(
+            x.contiguous(), cos, sin, meta.slot_mapping.long(), plan[0], plan[1], self._weights_for(caches),
+            self.meta, self.num_heads, self.num_kv_heads, self.head_dim, self.intermediate, float(self.eps),
+            float(self.scale), int(backends.GEMV_MAX_ROWS),
+        )

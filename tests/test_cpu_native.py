@@ -1,0 +1,243 @@
+"""The C++ CPU kernels (kernels/cpu_native.py): the decode attention against the torch reference on
+fresh random caches (GQA, scattered block tables, lengths on and off block edges, sliding windows,
+a mixed decode + prefill step), and the fused decode pass (models/fused_decode.py) against the
+layer-by-layer path on tiny models of several architectures and on the default model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edgellm.kernels import cpu_native
+from edgellm.kernels.paged_attention import paged_attention_ref, write_kv_ref
+from tests.quant_tiny import quantize_checkpoint
+
+
+@pytest.fixture(scope="module")
+def built():
+    module = cpu_native.load()
+    assert module is not None, "the C++ decode attention did not build (g++ and torch headers needed)"
+    return module
+
+
+@pytest.mark.parametrize("hq,hkv,d,window", [(9, 3, 64, None), (4, 4, 32, None), (6, 2, 48, 13), (8, 1, 16, 40)])
+def test_decode_matches_the_reference(built, hq, hkv, d, window):
+    g = torch.Generator().manual_seed(hq * 100 + d)
+    nb, bs = 37, 16
+    cache = torch.randn(2, nb, bs, hkv, d, generator=g)
+    lens = [1, 15, 16, 17, 63, 100, 5]
+    b = len(lens)
+    tables = torch.stack([torch.randperm(nb, generator=g)[:8] for _ in range(b)]).to(torch.int32)
+    q = torch.randn(b, hq, d, generator=g)
+    scale = d ** -0.5
+    want = paged_attention_ref(q, q[:, :hkv], q[:, :hkv], cache, tables, lens, list(range(b + 1)), b,
+                               scale, window)
+    got = cpu_native.decode_attention(q, cache, tables.long(), torch.tensor(lens), scale, window)
+    assert (got - want).abs().max().item() < 1e-5
+    # through the reference's own switch, sharing a step cache like the layers of a step do
+    step: dict = {}
+    for _ in range(2):
+        via = paged_attention_ref(q, q[:, :hkv], q[:, :hkv], cache, tables, lens, list(range(b + 1)), b,
+                                  scale, window, step_cache=step, cpp_decode=True)
+        assert torch.equal(via, got)
+
+
+def test_mixed_step_prefill_rows_stay_on_the_reference(built):
+    g = torch.Generator().manual_seed(5)
+    nb, bs, hq, hkv, d = 20, 16, 6, 2, 32
+    cache = torch.zeros(2, nb, bs, hkv, d)
+    # two decodes (contexts 30 and 7) and a 9-token prefill chunk over 12 cached tokens
+    lens, qlens = [30, 7, 21], [1, 1, 9]
+    tables = torch.tensor([[3, 9, 0], [4, 0, 0], [11, 12, 0]], dtype=torch.int32)
+    for i, n in enumerate(lens):
+        slots = torch.tensor([int(tables[i, t // bs]) * bs + t % bs for t in range(n)])
+        write_kv_ref(torch.randn(n, hkv, d, generator=g), torch.randn(n, hkv, d, generator=g), cache, slots)
+    starts = [0, 1, 2, 11]
+    q = torch.randn(sum(qlens), hq, d, generator=g)
+    k = torch.randn(sum(qlens), hkv, d, generator=g)  # already in the cache for the reference's purposes
+    want = paged_attention_ref(q, k, k, cache, tables, lens, starts, 2, d ** -0.5)
+    got = paged_attention_ref(q, k, k, cache, tables, lens, starts, 2, d ** -0.5, cpp_decode=True)
+    assert (got[:2] - want[:2]).abs().max().item() < 1e-5
+    assert torch.equal(got[2:], want[2:])
+
+
+def test_bad_tables_are_refused(built):
+    cache = torch.randn(2, 4, 16, 2, 32)
+    q = torch.randn(1, 2, 32)
+    with pytest.raises(RuntimeError, match="block id out of the cache"):
+        cpu_native.decode_attention(q, cache, torch.tensor([[7]]), torch.tensor([5]), 0.1)
+    with pytest.raises(RuntimeError, match="sequence length out of its block table"):
+        cpu_native.decode_attention(q, cache, torch.tensor([[1]]), torch.tensor([17]), 0.1)
+
+
+def test_fast_engine_decodes_through_it(built, monkeypatch):
+    from edgellm import LLM, SamplingParams
+
+    llm = LLM(kv_cache_memory=16 << 20, max_model_len=256, cpu_quant="fast", enable_prefix_caching=False)
+    assert all(a.cpp_decode for a in llm.engine.model.attention_layers())
+    llm.engine.model.model.fused = None  # decode steps layer by layer: the attention kernel alone
+    calls = []
+    original = cpu_native.decode_attention
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape[0])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(cpu_native, "decode_attention", counted)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    prompts = [[{"role": "user", "content": "What is the capital of France?"}],
+               [{"role": "user", "content": "Name three colours."}]]
+    got = [o.outputs[0].token_ids for o in llm.chat(prompts, params)]
+    assert calls and max(calls) == 2
+    monkeypatch.setattr(cpu_native, "decode_attention", original)
+    for a in llm.engine.model.attention_layers():
+        a.cpp_decode = False
+    want = [o.outputs[0].token_ids for o in llm.chat(prompts, params)]
+    assert got == want
+
+
+def test_disabled_build_falls_back_to_the_reference(built, monkeypatch):
+    monkeypatch.setattr(cpu_native, "_module", None)
+    monkeypatch.setattr(cpu_native, "_failed", False)
+    monkeypatch.setenv(cpu_native.ENV, "torch")
+    assert cpu_native.load() is None
+    g = torch.Generator().manual_seed(11)
+    cache = torch.randn(2, 6, 16, 2, 32, generator=g)
+    q = torch.randn(2, 4, 32, generator=g)
+    tables = torch.tensor([[1, 2], [5, 0]], dtype=torch.int32)
+    args = (q, q[:, :2], q[:, :2], cache, tables, [20, 9], [0, 1, 2], 2, 0.2)
+    assert torch.equal(paged_attention_ref(*args, cpp_decode=True), paged_attention_ref(*args))
+
+
+PROMPTS = [[{"role": "user", "content": "What is the capital of France?"}],
+           [{"role": "user", "content": "Write a haiku about the sea."}],
+           [{"role": "user", "content": "Explain gravity to a child in two sentences."}]]
+
+
+def _decode_both_ways(llm, prompts, max_tokens: int):
+    """(fused outputs, layer-path outputs, fused calls that ran) for greedy decoding with logprobs."""
+    from edgellm import SamplingParams
+
+    model = llm.engine.model.model
+    fused = model.fused
+    assert fused is not None
+    ran = []
+
+    def counting(*args):
+        out = fused(*args)
+        ran.append(out is not None)
+        return out
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=2)
+    model.fused = counting
+    try:
+        got = llm.generate(prompts, params) if isinstance(prompts[0], list) and isinstance(prompts[0][0], int) \
+            else llm.chat(prompts, params)
+    finally:
+        model.fused = None
+    try:
+        want = llm.generate(prompts, params) if isinstance(prompts[0], list) and isinstance(prompts[0][0], int) \
+            else llm.chat(prompts, params)
+    finally:
+        model.fused = fused
+    return got, want, ran
+
+
+def _logprob_gap(got, want) -> float:
+    return max(abs(a[0] - b[0]) for g, w in zip(got, want)
+               for a, b in zip(g.outputs[0].logprobs, w.outputs[0].logprobs))
+
+
+@pytest.mark.parametrize("arch", ["llama", "llama_tied", "mistral", "qwen2", "phi3", "exaone"])
+def test_fused_decode_matches_the_layer_path(built, tiny_dir, arch):
+    """fp32 weights: the same math as the layers up to summation order (qkv biases, sliding
+    window, longrope, GQA 4:1 and 4:2 included)."""
+    from edgellm import LLM
+
+    path, _ = tiny_dir(arch)
+    llm = LLM(str(path), kv_cache_memory=1 << 20, cpu_quant="fast", enable_prefix_caching=False)
+    g = torch.Generator().manual_seed(len(arch))
+    prompts = [torch.randint(3, 300, (n,), generator=g).tolist() for n in (5, 19, 33)]
+    got, want, ran = _decode_both_ways(llm, prompts, 30)  # past mistral's 24-token window
+    assert any(ran) and not all(ran)  # decode steps fused; prefill steps not
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    assert _logprob_gap(got, want) < 1e-4
+
+
+def test_fused_decode_on_the_default_model(built):
+    """int4 GEMV + bf16 activations: bf16 rounding can flip differently than in the layer path
+    (the inputs differ in the last fp32 bit), so logprobs agree to bf16 noise, tokens exactly."""
+    from edgellm import LLM
+    from edgellm.quant.backends import CpuInt4Kernel
+
+    llm = LLM(kv_cache_memory=16 << 20, max_model_len=256, cpu_quant="fast", enable_prefix_caching=False)
+    fused = llm.engine.model.model.fused
+    assert fused is not None and all(g > 0 for i, g in enumerate(fused.meta) if i % 5 < 4)  # int4 groups
+    assert all(isinstance(m.kernel, CpuInt4Kernel) for m in llm.engine.model.modules() if hasattr(m, "kernel"))
+    got, want, ran = _decode_both_ways(llm, PROMPTS, 20)
+    assert sum(ran) >= 19
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    assert 0 < _logprob_gap(got, want) < 0.2
+
+
+def test_fused_decode_is_exact_math_on_fp32_weights(built):
+    """The default model dequantized to fp32 (the exact path's weights) through the fused pass:
+    it must agree with the layers to fp32 summation noise."""
+    from edgellm import LLM
+    from edgellm.models.fused_decode import FusedDecode
+
+    llm = LLM(kv_cache_memory=16 << 20, max_model_len=256, cpu_quant="exact", enable_prefix_caching=False)
+    model = llm.engine.model.model
+    assert model.fused is None  # exact mode keeps the layer path
+    model.fused = FusedDecode.build(model)
+    got, want, ran = _decode_both_ways(llm, PROMPTS, 20)
+    assert sum(ran) >= 19
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    assert _logprob_gap(got, want) < 1e-4
+
+
+def test_fused_decode_declines_what_it_does_not_run(built, tiny_dir):
+    from edgellm import LLM, SamplingParams
+
+    path, _ = tiny_dir("llama")
+    llm = LLM(str(path), kv_cache_memory=1 << 20, cpu_quant="fast", kv_cache_dtype="fp8")
+    model = llm.engine.model.model
+    fused = model.fused
+    assert fused is not None
+    ran = []
+
+    def counting(*args):
+        out = fused(*args)
+        ran.append(out is not None)
+        return out
+
+    model.fused = counting
+    out = llm.generate([[5, 6, 7, 8], [9, 10]], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+    assert [len(o.outputs[0].token_ids) for o in out] == [6, 6]
+    assert ran and not any(ran)  # an fp8 cache: every step layer by layer
+
+
+def test_fused_decode_is_not_built_for_act_order_int4(built, tiny_dir, tmp_path):
+    from edgellm import LLM
+
+    src, hf = tiny_dir("llama")
+    dst, _ = quantize_checkpoint(src, hf, tmp_path / "ckpt", "gptq", desc_act=True, shard_g_idx=True)
+    llm = LLM(str(dst), kv_cache_memory=1 << 20, cpu_quant="fast")
+    assert llm.engine.model.model.fused is None
+
+
+def test_fused_decode_runs_int4_with_biases_and_float_layers(built, tiny_dir, tmp_path):
+    """Qwen2 GPTQ with o_proj left in fp32: int4 GEMV, qkv biases and a float matrix in one pass."""
+    from edgellm import LLM
+
+    src, hf = tiny_dir("qwen2")
+    dst, _ = quantize_checkpoint(src, hf, tmp_path / "ckpt", "gptq", ignore=("o_proj",))
+    llm = LLM(str(dst), kv_cache_memory=1 << 20, cpu_quant="fast", enable_prefix_caching=False)
+    fused = llm.engine.model.model.fused
+    assert fused is not None
+    assert fused.meta[0] > 0 and fused.meta[1] == 0  # qkv int4, o_proj dense fp32
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, 300, (n,), generator=g).tolist() for n in (4, 11)]
+    got, want, ran = _decode_both_ways(llm, prompts, 16)
+    assert any(ran)
+    assert _logprob_gap(got, want) < 0.05
