@@ -146,6 +146,7 @@ static void check_cache(const torch::Tensor& kv_cache, int64_t D) {
 torch::Tensor decode_attention(torch::Tensor q, torch::Tensor kv_cache, torch::Tensor block_tables,
                                torch::Tensor seq_lens, double scale, int64_t window) {
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat && q.is_contiguous(), "q: [B, Hq, D] fp32");
+  pybind11::gil_scoped_release no_gil;  // pure tensor work: let the server's event loop run meanwhile
   const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2);
   check_cache(kv_cache, D);
   const int64_t NB = kv_cache.size(1), BS = kv_cache.size(2), Hkv = kv_cache.size(3);
@@ -195,6 +196,7 @@ torch::Tensor decode_layers(torch::Tensor x, torch::Tensor cos, torch::Tensor si
                             std::vector<int64_t> meta, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                             int64_t intermediate, double eps, double scale, int64_t int4_max_rows) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.is_contiguous(), "x: [B, H] fp32");
+  pybind11::gil_scoped_release no_gil;  // pure tensor work: let the server's event loop run meanwhile
   TORCH_CHECK(w.size() % PER_LAYER == 0 && meta.size() == w.size() / PER_LAYER * 5, "per-layer tensors");
   const int64_t B = x.size(0), H = x.size(1), D = head_dim, Hq = num_heads, Hkv = num_kv_heads;
   const int64_t G = Hq / Hkv, QKV = (Hq + 2 * Hkv) * D, I = intermediate;
