@@ -198,7 +198,9 @@ def load_model(
     if scheme.cpu_kernels == "fast" and scheme.name != "none" and torch.device(device).type == "cpu" \
             and dtype == torch.float32:
         model.use_fast_logits()
-    if scheme.cpu_kernels == "fast" and torch.device(device).type == "cpu":
+    if torch.device(device).type == "cpu" and dtype == torch.float32:
+        # fp32 math either way (the exact path's weights stay fp32): C++ decode attention, and
+        # decode-only steps through all layers in one call
         from edgellm.kernels import cpu_native
         from edgellm.models.fused_decode import FusedDecode
 

@@ -1,5 +1,5 @@
-"""C++ kernels for the CPU "fast" mode: decode attention over the paged KV cache,
-and a fused decode pass over all decoder layers.
+"""C++ kernels for fp32 models on CPU (both --cpu-quant modes): decode attention over the
+paged KV cache, and a fused decode pass over all decoder layers.
 
 decode_attention: the torch reference (paged_attention.paged_attention_ref)
 gathers every sequence's blocks into a contiguous copy and runs SDPA with an

@@ -47,7 +47,7 @@ class Attention(nn.Module):
         self.k_scale = 1.0
         self.v_scale = 1.0
         self.scales_known = False  # fp8: set from the checkpoint, else from the first prefill
-        self.cpp_decode = False  # CPU "fast" mode: decode rows through kernels/cpu_native.py
+        self.cpp_decode = False  # fp32 on CPU: decode rows through kernels/cpu_native.py
 
     def bind_cache(self, cache: torch.Tensor, k_scale: float | None, v_scale: float | None) -> None:
         self.kv_cache = cache

@@ -122,7 +122,7 @@ class DecoderModel(nn.Module):
             cfg.max_position_embeddings,
         )
 
-    fused = None  # CPU "fast" mode: models/fused_decode.FusedDecode, set by the loader
+    fused = None  # fp32 on CPU: models/fused_decode.FusedDecode, set by the loader
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         x = self.embed_tokens(batch.input_ids)

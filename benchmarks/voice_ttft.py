@@ -1,0 +1,164 @@
+"""Voice-agent time to first token: edgellm serve with and without prefix caching.
+
+The workload is `edgellm bench --dataset voice`: one fixed 512-token system prompt, a new
+32-token user turn per request, 64-token answers, greedy, streamed. Two arrival patterns:
+
+  - closed loop, 8 concurrent streams (each sends its next turn when the last one ends);
+    equal answer lengths keep the 8 streams in step, so 8 user turns arrive together;
+  - Poisson arrivals at --rate requests/s (default 1.6: about 4 streams in flight).
+
+For each: TTFT p50 / p95 / p99 and decode tok/s per stream. Also the breakdown of one
+"wave" (8 user turns admitted together over the cached system prompt) by phase, offline
+in this process, which is what bounds the closed-loop TTFT.
+
+    python benchmarks/voice_ttft.py [--cpu-quant fast] [--requests 48] [--rate 1.6]
+
+Writes benchmarks/results/voice_ttft.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from compare_servers import Server, free_port, machine_info, served_model  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def run_workload(url: str, tokenizer: Any, n: int, concurrency: int | None, rate: float, seed: int) -> dict:
+    from edgellm.bench.client import Target, run_load
+    from edgellm.bench.datasets import random_requests, voice_requests
+    from edgellm.bench.report import summarize
+
+    target = Target(url, served_model(url), "chat", None, ignore_eos=True, timeout=600.0)
+    asyncio.run(run_load(target, random_requests(tokenizer, 2, 16, 4, 0.0, 12345, True), 1, duration=300))
+    reqs = voice_requests(tokenizer, n, 512, 32, 64, seed)
+    results, elapsed = asyncio.run(run_load(target, reqs, concurrency, rate, 1.0, seed, duration=900))
+    s = summarize(results, elapsed, label="voice")
+    return {"completed": s["completed"], "failed": s["failed"] + (n - len(results)),
+            "ttft_p50_ms": s["ttft_ms"]["median"], "ttft_p95_ms": s["ttft_ms"]["p95"],
+            "ttft_p99_ms": s["ttft_ms"]["p99"], "decode_tok_s_per_stream": s["decode_tokens_per_s_per_stream"],
+            "output_tok_s": s["output_token_throughput"]}
+
+
+def wave_breakdown(cpu_quant: str | None) -> dict:
+    """One wave of 8 voice turns over the cached system prompt, timed by phase (offline)."""
+    import torch
+
+    from edgellm.bench.datasets import voice_requests
+    from edgellm.config import EngineConfig
+    from edgellm.engine.engine import LLMEngine
+    from edgellm.sampling import SamplingParams
+
+    cfg = EngineConfig(max_num_seqs=64, max_model_len=2048)
+    if cpu_quant:
+        cfg.cpu_quant = cpu_quant
+    eng = LLMEngine(cfg)
+    prompts = [eng.tokenizer.encode_chat(r.messages) for r in voice_requests(eng.tokenizer, 9, 512, 32, 64, 0)]
+    params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+    eng.add_request("warm", prompts[0], params)
+    while eng.seqs:
+        eng.step()
+    totals: dict[str, float] = {}
+    model = eng.runner.model
+
+    def timed(owner: Any, name: str, key: str) -> None:
+        fn = getattr(owner, name)
+
+        def wrapper(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                totals[key] = totals.get(key, 0.0) + (time.perf_counter() - t0) * 1e3
+
+        setattr(owner, name, wrapper)
+
+    for layer in model.model.layers:
+        timed(layer.self_attn, "forward", "attention block (norm excluded)")
+        timed(layer.self_attn.attn, "forward", "attention (KV write + paged attention)")
+        timed(layer.mlp, "forward", "MLP block")
+        for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+            timed(lin, "forward", "linears (all four)")
+    timed(model, "forward", "model forward")
+    timed(model, "compute_logits", "logits")
+    for i in range(8):
+        eng.add_request(f"w{i}", prompts[1 + i], params)
+    t0 = time.perf_counter()
+    eng.step()
+    step_ms = (time.perf_counter() - t0) * 1e3
+    seqs = list(eng.seqs.values())
+    new = sum(s.num_computed_tokens - s.num_cached_tokens for s in seqs)
+    t0 = time.perf_counter()
+    eng.step()
+    decode_ms = (time.perf_counter() - t0) * 1e3
+    for rid in list(eng.seqs):
+        eng.abort_request(rid)
+    eng.step()
+    return {"prefill_step_ms": step_ms, "new_tokens": new, "cached_tokens_per_request": seqs[0].num_cached_tokens,
+            "prompt_tokens_per_request": seqs[0].num_prompt_tokens, "next_decode_step_ms": decode_ms,
+            "phases_ms": totals, "threads": torch.get_num_threads()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cpu-quant", choices=["exact", "fast"], default="fast")
+    ap.add_argument("--requests", type=int, default=48)
+    ap.add_argument("--rate", type=float, default=1.6)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=str(RESULTS / "voice_ttft.json"))
+    args = ap.parse_args()
+    from edgellm.loader import default_model_path
+    from edgellm.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.load(Path(default_model_path()), "gguf")
+    runs: list[dict] = []
+    log_dir = Path(tempfile.mkdtemp(prefix="edgellm-voice-"))
+    for prefix in (True, False):
+        port = free_port()
+        cmd = [sys.executable, "-m", "edgellm.cli", "serve", "--port", str(port), "--no-access-log",
+               f"--cpu-quant={args.cpu_quant}"] + ([] if prefix else ["--no-enable-prefix-caching"])
+        server = Server("edgellm" + ("" if prefix else "-no-prefix-cache"), cmd, port, log_dir)
+        try:
+            server.start(600)
+            for label, conc, rate in (("closed loop", args.concurrency, float("inf")),
+                                      ("poisson", None, args.rate)):
+                row = run_workload(server.url, tokenizer, args.requests, conc, rate, args.seed)
+                row.update({"prefix_caching": prefix, "arrivals": label,
+                            "concurrency": conc, "request_rate": None if rate == float("inf") else rate})
+                runs.append(row)
+                print(f"prefix cache {'on ' if prefix else 'off'} {label:>11}: TTFT p50 {row['ttft_p50_ms']:7.1f} "
+                      f"p95 {row['ttft_p95_ms']:7.1f} p99 {row['ttft_p99_ms']:7.1f} ms  decode "
+                      f"{row['decode_tok_s_per_stream']:6.1f} tok/s/stream  ({row['completed']} ok, "
+                      f"{row['failed']} failed)", flush=True)
+        finally:
+            server.stop()
+    wave = wave_breakdown(args.cpu_quant)
+    print(f"one wave of 8 turns: {wave['new_tokens']} new tokens over {wave['cached_tokens_per_request']} cached "
+          f"each: prefill step {wave['prefill_step_ms']:.0f} ms; next decode step {wave['next_decode_step_ms']:.0f} ms")
+    for k, v in sorted(wave["phases_ms"].items(), key=lambda kv: -kv[1]):
+        print(f"  {k:42s} {v:7.1f} ms")
+    out = {"what": __doc__.splitlines()[0], "machine": machine_info(int(os.environ.get("OMP_NUM_THREADS", "0"))
+                                                                     or os.cpu_count() or 1),
+           "date": time.strftime("%Y-%m-%d %H:%M"), "cpu_quant": args.cpu_quant,
+           "commands": {"this": "python benchmarks/voice_ttft.py " + " ".join(sys.argv[1:])},
+           "runs": runs, "wave": wave}
+    Path(args.out).parent.mkdir(exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
