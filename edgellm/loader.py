@@ -207,6 +207,20 @@ def load_model(
         cpu_native.load()  # built (once per machine) at load time, not in the first request
         for attn in model.attention_layers():
             attn.cpp_decode = True
+            if scheme.cpu_kernels == "fast":
+                attn.prefill_dtype = torch.bfloat16
+        if scheme.cpu_kernels == "fast" and cpu_native.load() is not None \
+                and model.model.rotary.rot_dim == cfg.head_dim:
+            for layer in model.model.layers:
+                layer.self_attn.native_rotary = True
+        if scheme.cpu_kernels == "fast":
+            from edgellm.quant.backends import CpuInt4Kernel
+
+            for layer in model.model.layers:
+                mlp = layer.mlp
+                if all(isinstance(getattr(m, "kernel", None), CpuInt4Kernel) and m.bias is None
+                       for m in (mlp.gate_up_proj, mlp.down_proj)):
+                    mlp.bf16_intermediate = True
         model.model.fused = FusedDecode.build(model.model)
     logger.info(
         "loaded %s (%s, %d layers, hidden %d, quant %s, cpu kernels %s) as %s",

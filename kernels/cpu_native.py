@@ -183,6 +183,39 @@ static void rmsnorm(const float* x, const float* w, float* out, int64_t H, float
   for (int64_t i = 0; i < H; ++i) out[i] = x[i] * r * w[i];
 }
 
+// Rotary (neox halves) in place on the first `heads` heads of each row of x [T, W] fp32 (row
+// stride W, e.g. a qkv projection: q heads, then k heads, then v). cos/sin [T, D] fp32.
+static void rotate_rows(float* x, int64_t stride, const float* cp, const float* snp, int64_t T, int64_t heads,
+                        int64_t D) {
+  const int64_t half = D / 2;
+  at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* c = cp + t * D;
+      const float* s = snp + t * D;
+      for (int64_t hh = 0; hh < heads; ++hh) {
+        float* v = x + t * stride + hh * D;
+        for (int64_t i = 0; i < half; ++i) {
+          const float x1 = v[i], x2 = v[i + half];
+          v[i] = x1 * c[i] - x2 * s[i];
+          v[i + half] = x2 * c[i + half] + x1 * s[i + half];
+        }
+      }
+    }
+  });
+}
+
+torch::Tensor rotate_(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, int64_t heads, int64_t head_dim) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.stride(1) == 1, "x: [T, W] fp32, rows contiguous");
+  TORCH_CHECK(heads * head_dim <= x.size(1) && head_dim % 2 == 0, "heads * head_dim within a row");
+  TORCH_CHECK(cos.scalar_type() == torch::kFloat && sin.scalar_type() == torch::kFloat && cos.is_contiguous() &&
+              sin.is_contiguous() && cos.numel() == x.size(0) * head_dim && sin.numel() == x.size(0) * head_dim,
+              "cos/sin: [T, head_dim] fp32 contiguous");
+  pybind11::gil_scoped_release no_gil;
+  rotate_rows(x.data_ptr<float>(), x.stride(0), cos.data_ptr<float>(), sin.data_ptr<float>(), x.size(0), heads,
+              head_dim);
+  return x;
+}
+
 constexpr int64_t PER_LAYER = 19;  // tensors per layer, see decode_layers
 
 // One decode-only step through all layers. x [B, H] fp32 (embeddings in, hidden states out, updated
@@ -215,7 +248,6 @@ torch::Tensor decode_layers(torch::Tensor x, torch::Tensor cos, torch::Tensor si
   float* xp = x.data_ptr<float>();
   auto h = torch::empty_like(x);
   auto attn = torch::empty({B, Hq * D}, x.options());
-  const int64_t half = D / 2;
   for (int64_t l = 0; l < L; ++l) {
     const torch::Tensor* t = w.data() + l * PER_LAYER;
     const int64_t* m = meta.data() + l * 5;
@@ -231,17 +263,8 @@ torch::Tensor decode_layers(torch::Tensor x, torch::Tensor cos, torch::Tensor si
     auto qkv = linear(h, t[1], t[2], m[0], t[3], t[4], int4_max_rows).contiguous();
     TORCH_CHECK(qkv.size(1) == QKV, "qkv width");
     float* qp = qkv.data_ptr<float>();
+    rotate_rows(qp, QKV, cp, snp, B, Hq + Hkv, D);  // q heads, then k heads
     for (int64_t b = 0; b < B; ++b) {
-      const float* c = cp + b * D;
-      const float* s = snp + b * D;
-      for (int64_t hh = 0; hh < Hq + Hkv; ++hh) {  // q heads, then k heads
-        float* v = qp + b * QKV + hh * D;
-        for (int64_t i = 0; i < half; ++i) {
-          const float x1 = v[i], x2 = v[i + half];
-          v[i] = x1 * c[i] - x2 * s[i];
-          v[i + half] = x2 * c[i + half] + x1 * s[i + half];
-        }
-      }
       const int64_t slot = sp[b];
       std::copy(qp + b * QKV + Hq * D, qp + b * QKV + (Hq + Hkv) * D, kc + slot * Hkv * D);
       std::copy(qp + b * QKV + (Hq + Hkv) * D, qp + (b + 1) * QKV, vc + slot * Hkv * D);
@@ -308,7 +331,7 @@ def load():
             _module = load_inline(
                 name=f"edgellm_cpu_native_{key}",
                 cpp_sources=[SOURCE],
-                functions=["decode_attention", "decode_layers"],
+                functions=["decode_attention", "decode_layers", "rotate_"],
                 extra_cflags=["-O3", "-march=native"],
                 build_directory=str(build),
                 verbose=False,
@@ -338,3 +361,13 @@ def decode_attention(
         raise RuntimeError("the C++ CPU kernels are not available")
     return module.decode_attention(query.contiguous(), kv_cache, block_tables, seq_lens, float(scale),
                                    int(sliding_window or 0))
+
+
+def rotate_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
+    """Rotary (neox halves) in place on the first `heads` heads of each row of x [T, W] fp32 (a
+    qkv projection: q heads, then k heads); cos/sin [T, head_dim]. One pass instead of torch's
+    five (mul, neg, cat, mul, add over copies)."""
+    module = load()
+    if module is None:
+        raise RuntimeError("the C++ CPU kernels are not available")
+    return module.rotate_(x, cos.contiguous(), sin.contiguous(), int(heads), int(head_dim))

@@ -99,11 +99,14 @@ def paged_attention_ref(
     v_scale: float = 1.0,
     step_cache: dict | None = None,
     cpp_decode: bool = False,
+    prefill_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """step_cache: a dict shared by the layers of one step, holding what every layer would
     otherwise rebuild (the decode mask and gather indices); None: computed here.
     cpp_decode: run the decode rows through the C++ kernel (cpu_native.py) when it builds
-    and supports these tensors."""
+    and supports these tensors.
+    prefill_dtype: compute prefill chunks' attention in this dtype (the CPU fast mode passes
+    bf16: SDPA runs ~3x faster on a 550-token causal prompt); None: the query's dtype."""
     out = torch.empty_like(query)
     dtype = query.dtype
     decoded = False
@@ -144,15 +147,22 @@ def paged_attention_ref(
     if num_decodes == len(seq_lens):
         return out
     block_tables = block_tables.long()
-    for i in range(num_decodes, len(seq_lens)):
+    pdtype = prefill_dtype or dtype
+    first = num_decodes
+    if prefill_dtype is not None and sliding_window is None:
+        # shared-prefix ("cascade") attention: prefill chunks whose pages start with the same
+        # cached blocks attend to that prefix in one product, then each to its own suffix
+        first = _cascade_prefill(query, kv_cache, block_tables, seq_lens, query_start_loc, num_decodes,
+                                 scale, k_scale, v_scale, pdtype, step_cache, out)
+    for i in range(first, len(seq_lens)):
         start, end = query_start_loc[i], query_start_loc[i + 1]
         q_len, ctx = end - start, seq_lens[i]
-        q = query[start:end].transpose(0, 1).unsqueeze(0)  # [1, Hq, q_len, D]
+        q = query[start:end].transpose(0, 1).unsqueeze(0).to(pdtype)  # [1, Hq, q_len, D]
         if ctx == q_len and kv_cache.dtype != torch.float8_e4m3fn:
-            k = key[start:end].transpose(0, 1).unsqueeze(0)
-            v = value[start:end].transpose(0, 1).unsqueeze(0)
+            k = key[start:end].transpose(0, 1).unsqueeze(0).to(pdtype)
+            v = value[start:end].transpose(0, 1).unsqueeze(0).to(pdtype)
         else:
-            k, v = _gather_kv(kv_cache, block_tables[i : i + 1], ctx, dtype, k_scale, v_scale)
+            k, v = _gather_kv(kv_cache, block_tables[i : i + 1], ctx, pdtype, k_scale, v_scale)
         if sliding_window is None and ctx == q_len:
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
         else:
@@ -166,6 +176,72 @@ def paged_attention_ref(
             )
         out[start:end] = o.squeeze(0).transpose(0, 1)
     return out
+
+
+CASCADE_MIN_PREFIX = 64  # tokens of shared prefix worth one product of their own
+
+
+def _shared_prefix_blocks(block_tables: torch.Tensor, seq_lens: list[int], query_start_loc: list[int],
+                          first: int, block_size: int) -> int:
+    """Leading blocks that every prefill chunk from `first` on shares and that lie wholly before
+    each chunk's first new token (so every query sees all of them: no mask)."""
+    idx = range(first, len(seq_lens))
+    past = min((seq_lens[i] - (query_start_loc[i + 1] - query_start_loc[i])) // block_size for i in idx)
+    if past * block_size < CASCADE_MIN_PREFIX:
+        return 0
+    rows = block_tables[first:, :past]
+    same = (rows == rows[:1]).all(0)
+    return past if bool(same.all()) else int(same.int().argmin())
+
+
+def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+           scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output [1, Hq, Lq, D], logsumexp [1, Hq, Lq] fp32) of softmax(q k^T * scale + mask) v; GQA
+    by repeating the kv heads (the CPU flash op takes equal heads)."""
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask,
+                                                                    scale=scale)
+    return out[0], out[1].float()
+
+
+def _cascade_prefill(query, kv_cache, block_tables, seq_lens, query_start_loc, first, scale, k_scale,
+                     v_scale, dtype, step_cache, out) -> int:
+    """Prefill chunks [first, B) through shared-prefix attention when at least two share a cached
+    prefix of CASCADE_MIN_PREFIX tokens or more: all their queries against the prefix in one flash
+    call, each chunk against its own suffix (causal), merged by log-sum-exp. Returns the first
+    chunk left to the per-sequence path (B when all were done here, `first` when none)."""
+    if len(seq_lens) - first < 2:
+        return first
+    block_size = kv_cache.shape[2]
+    key_ = ("cascade", first)
+    shared = step_cache.get(key_) if step_cache is not None else None
+    if shared is None:
+        shared = _shared_prefix_blocks(block_tables, seq_lens, query_start_loc, first, block_size)
+        if step_cache is not None:
+            step_cache[key_] = shared
+    prefix = shared * block_size
+    if prefix < CASCADE_MIN_PREFIX:
+        return first
+    qs, qe = query_start_loc[first], query_start_loc[-1]
+    q_all = query[qs:qe].transpose(0, 1).unsqueeze(0).to(dtype)  # [1, Hq, Nq, D]
+    kp, vp = _gather_kv(kv_cache, block_tables[first : first + 1], prefix, dtype, k_scale, v_scale)
+    o1, lse1 = _flash(q_all, kp, vp, None, scale)
+    for i in range(first, len(seq_lens)):
+        start, end = query_start_loc[i], query_start_loc[i + 1]
+        q_len, ctx = end - start, seq_lens[i]
+        rows = slice(start - qs, end - qs)
+        k2, v2 = _gather_kv(kv_cache, block_tables[i : i + 1, shared:], ctx - prefix, dtype, k_scale, v_scale)
+        q_pos = torch.arange(ctx - q_len, ctx)[:, None]
+        kv_pos = torch.arange(prefix, ctx)[None, :]
+        mask = torch.zeros(q_len, ctx - prefix, dtype=dtype).masked_fill_(kv_pos > q_pos, float("-inf"))
+        o2, lse2 = _flash(q_all[:, :, rows], k2, v2, mask[None, None], scale)
+        a, b = lse1[:, :, rows], lse2
+        lse = torch.logaddexp(a, b)
+        o = o1[:, :, rows].float() * (a - lse).exp_()[..., None] + o2.float() * (b - lse).exp_()[..., None]
+        out[start:end] = o.squeeze(0).transpose(0, 1)
+    return len(seq_lens)
 
 
 # ---------------------------------------------------------------------------

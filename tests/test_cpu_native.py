@@ -121,6 +121,8 @@ def _decode_both_ways(llm, prompts, max_tokens: int):
     model = llm.engine.model.model
     fused = model.fused
     assert fused is not None
+    for layer in model.layers:  # the fused pass keeps the MLP intermediate in fp32, like this
+        layer.mlp.bf16_intermediate = False
     ran = []
 
     def counting(*args):
@@ -166,7 +168,8 @@ def test_fused_decode_matches_the_layer_path(built, tiny_dir, arch):
 
 def test_fused_decode_on_the_default_model(built):
     """int4 GEMV + bf16 activations: bf16 rounding can flip differently than in the layer path
-    (the inputs differ in the last fp32 bit), so logprobs agree to bf16 noise, tokens exactly."""
+    (the inputs differ in the last fp32 bit), so logprobs agree to bf16 noise, and tokens until a
+    position where the layer path's own top two are nearly tied."""
     from edgellm import LLM
     from edgellm.quant.backends import CpuInt4Kernel
 
@@ -176,8 +179,15 @@ def test_fused_decode_on_the_default_model(built):
     assert all(isinstance(m.kernel, CpuInt4Kernel) for m in llm.engine.model.modules() if hasattr(m, "kernel"))
     got, want, ran = _decode_both_ways(llm, PROMPTS, 20)
     assert sum(ran) >= 19
-    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
-    assert 0 < _logprob_gap(got, want) < 0.2
+    gaps = []
+    for g, w in zip(got, want):
+        gt, wt = g.outputs[0].token_ids, w.outputs[0].token_ids
+        first = next((i for i, (a, b) in enumerate(zip(gt, wt)) if a != b), len(wt))
+        if first < len(wt):  # only where the layer path itself is nearly tied (0.068 nats measured)
+            top = w.outputs[0].logprobs[first][1]
+            assert top[0][1] - top[1][1] < 0.1, (first, top)
+        gaps += [abs(a[0] - b[0]) for a, b in zip(g.outputs[0].logprobs[:first], w.outputs[0].logprobs[:first])]
+    assert 0 < max(gaps) < 0.2
 
 
 def test_fused_decode_is_exact_math_on_fp32_weights(built):
@@ -204,6 +214,8 @@ def test_fused_decode_declines_what_it_does_not_run(built, tiny_dir):
     model = llm.engine.model.model
     fused = model.fused
     assert fused is not None
+    for layer in model.layers:  # the fused pass keeps the MLP intermediate in fp32, like this
+        layer.mlp.bf16_intermediate = False
     ran = []
 
     def counting(*args):
@@ -241,3 +253,67 @@ def test_fused_decode_runs_int4_with_biases_and_float_layers(built, tiny_dir, tm
     got, want, ran = _decode_both_ways(llm, prompts, 16)
     assert any(ran)
     assert _logprob_gap(got, want) < 0.05
+
+
+def test_bf16_prefill_attention_is_close_to_fp32():
+    """The fast mode's prefill attention in bf16 (prefill_dtype), over a cached prefix and from
+    scratch, against the fp32 reference: close at bf16 precision, not equal."""
+    g = torch.Generator().manual_seed(9)
+    nb, bs, hq, hkv, d = 12, 16, 6, 2, 32
+    cache = torch.zeros(2, nb, bs, hkv, d)
+    tables = torch.tensor([[0, 1, 2, 3], [5, 6, 7, 0]], dtype=torch.int32)
+    lens, qlens = [50, 21], [14, 21]  # 36 cached tokens + 14 new; a fresh 21-token prompt
+    for i, n in enumerate(lens):
+        slots = torch.tensor([int(tables[i, t // bs]) * bs + t % bs for t in range(n)])
+        write_kv_ref(torch.randn(n, hkv, d, generator=g), torch.randn(n, hkv, d, generator=g), cache, slots)
+    q = torch.randn(sum(qlens), hq, d, generator=g)
+    # this step's keys/values: only the fresh prompt's are read directly (slots 80..100); the
+    # first sequence's context, cached prefix included, is read from the pages
+    flat = cache.view(2, -1, hkv, d)
+    k = torch.cat([flat[0, 36:50], flat[0, 80:101]])
+    v = torch.cat([flat[1, 36:50], flat[1, 80:101]])
+    args = (q, k, v, cache, tables, lens, [0, 14, 35], 0, d ** -0.5)
+    want = paged_attention_ref(*args)
+    got = paged_attention_ref(*args, prefill_dtype=torch.bfloat16)
+    assert got.dtype == torch.float32
+    err = (got - want).abs().max().item()
+    assert 0 < err < 2e-2 * want.abs().max().item()
+
+
+def test_shared_prefix_cascade_prefill():
+    """Prefill chunks sharing cached prefix pages: one product against the prefix, one per chunk
+    against its own suffix, merged by log-sum-exp. In fp32 it must equal the per-sequence
+    reference; chunks that do not share enough fall back to the per-sequence path."""
+    import edgellm.kernels.paged_attention as pa
+
+    g = torch.Generator().manual_seed(4)
+    nb, bs, hq, hkv, d = 40, 16, 9, 3, 64
+    cache = torch.zeros(2, nb, bs, hkv, d)
+    flat = cache.view(2, -1, hkv, d)
+    flat.copy_(torch.randn(flat.shape, generator=g))
+    shared = list(range(8))  # a 128-token cached prefix in blocks 0..7
+    owns = [[8, 9, 10], [11, 12], [13, 14, 15]]
+    lens, qlens = [150, 140, 170], [20, 7, 40]
+    tables = torch.tensor([shared + own + [0] * (12 - 8 - len(own)) for own in owns], dtype=torch.int32)
+    starts = [0, 20, 27, 67]
+    q = torch.randn(67, hq, d, generator=g)
+    k = torch.randn(67, hkv, d, generator=g)  # unused: every chunk reads its context from the pages
+    want = paged_attention_ref(q, k, k, cache, tables, lens, starts, 0, d ** -0.5)
+    step: dict = {}
+    got = paged_attention_ref(q, k, k, cache, tables, lens, starts, 0, d ** -0.5, step_cache=step,
+                              prefill_dtype=torch.float32)
+    assert step[("cascade", 0)] == 8
+    assert (got - want).abs().max().item() < 1e-5
+    fast = paged_attention_ref(q, k, k, cache, tables, lens, starts, 0, d ** -0.5, step_cache={},
+                               prefill_dtype=torch.bfloat16)
+    assert 0 < (fast - want).abs().max().item() < 2e-2 * want.abs().max().item()
+    # a chunk with its own first block: nothing shared, the per-sequence path
+    other = tables.clone()
+    other[1, 0] = 30
+    flat[:, 30 * bs:31 * bs] = flat[:, :bs]
+    step = {}
+    paged_attention_ref(q, k, k, cache, other, lens, starts, 0, d ** -0.5, step_cache=step,
+                        prefill_dtype=torch.float32)
+    assert step[("cascade", 0)] == 0
+    # below CASCADE_MIN_PREFIX tokens of shared prefix: not worth it
+    assert pa._shared_prefix_blocks(tables[:, :3], [40, 40, 40], [0, 4, 8, 12], 0, bs) == 0

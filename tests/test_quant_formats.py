@@ -82,8 +82,9 @@ def test_int4_fast_path_runs_packed_and_stays_close(int4_case, monkeypatch):
 @pytest.mark.parametrize("dense_cache_mb", ["2048", "0"])
 def test_int4_fast_path_larger_steps(int4_case, monkeypatch, dense_cache_mb):
     """Steps of more rows than the GEMV takes use the dequantized matrix: kept from load in bf16
-    within the budget (EDGELLM_CPU_DENSE_CACHE_MB; close, like a bf16 model), else dequantized
-    per call in fp32 (exact)."""
+    within the budget (EDGELLM_CPU_DENSE_CACHE_MB), else dequantized per call (exact fp32 for
+    fp32 inputs). The model stays as close as a bf16 model either way (prefill attention and the
+    MLP intermediate run in bf16 in fast mode too)."""
     _, path, _ = int4_case
     long_prompt = (PROMPT * 8)[:140]  # over GEMV_MAX_ROWS_UNCACHED too
     monkeypatch.setenv("EDGELLM_CPU_QUANT", "exact")
@@ -96,10 +97,16 @@ def test_int4_fast_path_larger_steps(int4_case, monkeypatch, dense_cache_mb):
     assert all(k.dense_weight.dtype == torch.bfloat16 for k in kernels if k.dense_weight is not None)
     got = llm.prompt_logits([long_prompt])[0]
     err = (got - want).abs().max().item()
-    if dense_cache_mb == "0":
-        assert err < 1e-4
-    else:
-        assert 0 < err / want.abs().max().item() < 0.05  # the bound a bf16 model meets
+    assert 0 < err / want.abs().max().item() < 0.05  # the bound a bf16 model meets
+    g = torch.Generator().manual_seed(1)
+    for k in kernels:
+        x = torch.randn(140, k.k, generator=g)
+        exact = torch.nn.functional.linear(x[:, k.perm] if k.perm is not None else x, k.dense())  # stored order
+        y = k(x, None)
+        if dense_cache_mb == "0":
+            assert (y - exact).abs().max().item() < 1e-4  # dequantized per call, fp32
+        else:
+            assert 0 < (y - exact).abs().max().item() < 2e-2 * exact.abs().max().item()
 
 
 W8A8_CASES = [

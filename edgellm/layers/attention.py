@@ -48,6 +48,7 @@ class Attention(nn.Module):
         self.v_scale = 1.0
         self.scales_known = False  # fp8: set from the checkpoint, else from the first prefill
         self.cpp_decode = False  # fp32 on CPU: decode rows through kernels/cpu_native.py
+        self.prefill_dtype: torch.dtype | None = None  # CPU "fast" mode: bf16 prefill attention
 
     def bind_cache(self, cache: torch.Tensor, k_scale: float | None, v_scale: float | None) -> None:
         self.kv_cache = cache
@@ -84,5 +85,5 @@ class Attention(nn.Module):
         return paged_attention_ref(
             q, k, v, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
             meta.num_decodes, self.scale, self.sliding_window, self.k_scale, self.v_scale,
-            step_cache=meta.step_cache, cpp_decode=self.cpp_decode,
+            step_cache=meta.step_cache, cpp_decode=self.cpp_decode, prefill_dtype=self.prefill_dtype,
         )

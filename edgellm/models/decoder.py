@@ -44,6 +44,7 @@ class SelfAttention(nn.Module):
             cfg.q_size, cfg.hidden_size, cfg.o_bias, scheme.linear_method(f"{p}.o_proj"), dtype, f"{p}.o_proj"
         )
         self.attn = Attention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.sliding_windows[layer], layer)
+        self.native_rotary = False  # CPU fast mode, full-width rotary: set by the loader
         # fp8 KV cache scales, when the checkpoint carries them (compressed-tensors kv_cache_scheme);
         # NaN = not given. Buffers, not parameters: optional for the loader.
         self.register_buffer("k_scale", torch.full((), float("nan")), persistent=False)
@@ -54,6 +55,17 @@ class SelfAttention(nn.Module):
         batch: ForwardBatch,
     ) -> torch.Tensor:
         qkv = self.qkv_proj(x)
+        if self.native_rotary and qkv.dtype == torch.float32 and qkv.dim() == 2 and qkv.stride(-1) == 1:
+            # CPU fast mode: rotary in place on the projection (kernels/cpu_native.rotate_)
+            from edgellm.kernels import cpu_native
+
+            cos, sin = cos_sin
+            cpu_native.rotate_(qkv, cos.reshape(qkv.shape[0], -1), sin.reshape(qkv.shape[0], -1),
+                               self.num_heads + self.num_kv_heads, self.head_dim)
+            q = qkv[:, : self.q_size].view(-1, self.num_heads, self.head_dim)
+            k = qkv[:, self.q_size : self.q_size + self.kv_size].view(-1, self.num_kv_heads, self.head_dim)
+            v = qkv[:, self.q_size + self.kv_size :].view(-1, self.num_kv_heads, self.head_dim)
+            return self.o_proj(self.attn(q, k, v, batch.attn).reshape(-1, self.q_size))
         qk, v = qkv.split((self.q_size + self.kv_size, self.kv_size), dim=-1)
         # q and k heads rotated together: one set of elementwise ops per layer instead of two
         qk = rotary.rotate(qk.reshape(-1, self.num_heads + self.num_kv_heads, self.head_dim), *cos_sin)
@@ -81,7 +93,14 @@ class MLP(nn.Module):
             scheme.linear_method(f"{p}.down_proj"), dtype, f"{p}.down_proj",
         )
 
+    bf16_intermediate = False  # CPU fast mode with int4 kernels on both linears: set by the loader
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.bf16_intermediate and x.shape[0] > 1:
+            # the down projection rounds its input to bf16 anyway: keep gate/up and SiLU in bf16
+            # instead of widening [T, 2 * intermediate] to fp32 and back (prefill-sized steps)
+            gate, up = self.gate_up_proj(x.to(torch.bfloat16)).split(self.intermediate_size, dim=-1)
+            return self.down_proj(F.silu(gate) * up).to(x.dtype)
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
