@@ -152,8 +152,8 @@ def paged_attention_ref(
     if prefill_dtype is not None and sliding_window is None:
         # shared-prefix ("cascade") attention: prefill chunks whose pages start with the same
         # cached blocks attend to that prefix in one product, then each to its own suffix
-        first = _cascade_prefill(query, kv_cache, block_tables, seq_lens, query_start_loc, num_decodes,
-                                 scale, k_scale, v_scale, pdtype, step_cache, out)
+        first = _cascade_prefill(query, key, value, kv_cache, block_tables, seq_lens, query_start_loc,
+                                 num_decodes, scale, k_scale, v_scale, pdtype, step_cache, out)
     for i in range(first, len(seq_lens)):
         start, end = query_start_loc[i], query_start_loc[i + 1]
         q_len, ctx = end - start, seq_lens[i]
@@ -195,19 +195,20 @@ def _shared_prefix_blocks(block_tables: torch.Tensor, seq_lens: list[int], query
 
 
 def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-           scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(output [1, Hq, Lq, D], logsumexp [1, Hq, Lq] fp32) of softmax(q k^T * scale + mask) v; GQA
-    by repeating the kv heads (the CPU flash op takes equal heads)."""
+           scale: float, causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output [1, Hq, Lq, D], logsumexp [1, Hq, Lq] fp32) of softmax(q k^T * scale + mask) v
+    (causal: query i sees keys 0..i); GQA by repeating the kv heads (the CPU flash op takes
+    equal heads)."""
     group = q.shape[1] // k.shape[1]
     if group > 1:
         k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask,
+    out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=mask,
                                                                     scale=scale)
     return out[0], out[1].float()
 
 
-def _cascade_prefill(query, kv_cache, block_tables, seq_lens, query_start_loc, first, scale, k_scale,
-                     v_scale, dtype, step_cache, out) -> int:
+def _cascade_prefill(query, key, value, kv_cache, block_tables, seq_lens, query_start_loc, first, scale,
+                     k_scale, v_scale, dtype, step_cache, out) -> int:
     """Prefill chunks [first, B) through shared-prefix attention when at least two share a cached
     prefix of CASCADE_MIN_PREFIX tokens or more: all their queries against the prefix in one flash
     call, each chunk against its own suffix (causal), merged by log-sum-exp. Returns the first
@@ -228,19 +229,27 @@ def _cascade_prefill(query, kv_cache, block_tables, seq_lens, query_start_loc, f
     q_all = query[qs:qe].transpose(0, 1).unsqueeze(0).to(dtype)  # [1, Hq, Nq, D]
     kp, vp = _gather_kv(kv_cache, block_tables[first : first + 1], prefix, dtype, k_scale, v_scale)
     o1, lse1 = _flash(q_all, kp, vp, None, scale)
+    o2 = torch.empty_like(o1)
+    lse2 = torch.empty_like(lse1)
     for i in range(first, len(seq_lens)):
         start, end = query_start_loc[i], query_start_loc[i + 1]
         q_len, ctx = end - start, seq_lens[i]
         rows = slice(start - qs, end - qs)
-        k2, v2 = _gather_kv(kv_cache, block_tables[i : i + 1, shared:], ctx - prefix, dtype, k_scale, v_scale)
-        q_pos = torch.arange(ctx - q_len, ctx)[:, None]
-        kv_pos = torch.arange(prefix, ctx)[None, :]
-        mask = torch.zeros(q_len, ctx - prefix, dtype=dtype).masked_fill_(kv_pos > q_pos, float("-inf"))
-        o2, lse2 = _flash(q_all[:, :, rows], k2, v2, mask[None, None], scale)
-        a, b = lse1[:, :, rows], lse2
-        lse = torch.logaddexp(a, b)
-        o = o1[:, :, rows].float() * (a - lse).exp_()[..., None] + o2.float() * (b - lse).exp_()[..., None]
-        out[start:end] = o.squeeze(0).transpose(0, 1)
+        if ctx - q_len == prefix and kv_cache.dtype != torch.float8_e4m3fn:
+            # the suffix is exactly this step's tokens: no gather, plain causal
+            k2 = key[start:end].transpose(0, 1).unsqueeze(0).to(dtype)
+            v2 = value[start:end].transpose(0, 1).unsqueeze(0).to(dtype)
+            mask = None
+        else:
+            k2, v2 = _gather_kv(kv_cache, block_tables[i : i + 1, shared:], ctx - prefix, dtype, k_scale, v_scale)
+            q_pos = torch.arange(ctx - q_len, ctx)[:, None]
+            kv_pos = torch.arange(prefix, ctx)[None, :]
+            mask = torch.zeros(q_len, ctx - prefix, dtype=dtype).masked_fill_(kv_pos > q_pos, float("-inf"))
+            mask = mask[None, None]
+        o2[:, :, rows], lse2[:, :, rows] = _flash(q_all[:, :, rows], k2, v2, mask, scale, causal=mask is None)
+    lse = torch.logaddexp(lse1, lse2)
+    o = o1.float().mul_((lse1 - lse).exp_()[..., None]).add_(o2.float().mul_((lse2 - lse).exp_()[..., None]))
+    out[qs:qe] = o.squeeze(0).transpose(0, 1)
     return len(seq_lens)
 
 

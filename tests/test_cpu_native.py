@@ -317,3 +317,67 @@ def test_shared_prefix_cascade_prefill():
     assert step[("cascade", 0)] == 0
     # below CASCADE_MIN_PREFIX tokens of shared prefix: not worth it
     assert pa._shared_prefix_blocks(tables[:, :3], [40, 40, 40], [0, 4, 8, 12], 0, bs) == 0
+
+
+def test_cascade_when_the_suffix_is_this_steps_tokens():
+    """The usual voice case: every chunk's cached part is exactly the shared prefix, so its suffix
+    is this step's own keys and values (read from the arguments, plain causal)."""
+    g = torch.Generator().manual_seed(6)
+    nb, bs, hq, hkv, d = 30, 16, 4, 2, 32
+    cache = torch.zeros(2, nb, bs, hkv, d)
+    flat = cache.view(2, -1, hkv, d)
+    flat[:, : 6 * bs] = torch.randn(2, 6 * bs, hkv, d, generator=g)  # 96 shared tokens, blocks 0..5
+    tables = torch.tensor([[0, 1, 2, 3, 4, 5, 10, 11], [0, 1, 2, 3, 4, 5, 20, 0]], dtype=torch.int32)
+    qlens = [25, 9]
+    lens = [96 + n for n in qlens]
+    keys, values = [], []
+    for i, n in enumerate(qlens):
+        kk, vv = torch.randn(n, hkv, d, generator=g), torch.randn(n, hkv, d, generator=g)
+        slots = torch.tensor([int(tables[i, t // bs]) * bs + t % bs for t in range(96, 96 + n)])
+        write_kv_ref(kk, vv, cache, slots)
+        keys.append(kk)
+        values.append(vv)
+    k, v = torch.cat(keys), torch.cat(values)
+    q = torch.randn(sum(qlens), hq, d, generator=g)
+    args = (q, k, v, cache, tables, lens, [0, 25, 34], 0, d ** -0.5)
+    want = paged_attention_ref(*args)
+    step: dict = {}
+    got = paged_attention_ref(*args, step_cache=step, prefill_dtype=torch.float32)
+    assert step[("cascade", 0)] == 6
+    assert (got - want).abs().max().item() < 1e-5
+
+
+def test_cascade_inside_the_engine_matches_the_per_sequence_path(built):
+    """Three requests over one cached system prompt, admitted in the same step: with fp32
+    "prefill_dtype" the cascade runs in the engine and must give the per-sequence path's logprobs."""
+    import edgellm.kernels.paged_attention as pa
+    from edgellm import LLM, SamplingParams
+
+    llm = LLM(kv_cache_memory=32 << 20, max_model_len=512, cpu_quant="exact")
+    system = "You are a helpful voice assistant for a travel agency. " * 12
+    chats = [[{"role": "system", "content": system}, {"role": "user", "content": u}]
+             for u in ("Book a flight to Rome.", "What is the weather in Oslo?", "Cancel my hotel.")]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=1)
+    llm.chat(chats[:1], SamplingParams(max_tokens=1))  # the system prompt is now cached
+    want = llm.chat(chats, params)
+    llm.chat(chats[:1], SamplingParams(max_tokens=1))
+    calls = []
+    original = pa._cascade_prefill
+
+    def counted(*args):
+        done = original(*args)
+        calls.append(done > args[7])
+        return done
+
+    pa._cascade_prefill = counted
+    try:
+        for attn in llm.engine.model.attention_layers():
+            attn.prefill_dtype = torch.float32
+        got = llm.chat(chats, params)
+    finally:
+        pa._cascade_prefill = original
+        for attn in llm.engine.model.attention_layers():
+            attn.prefill_dtype = None
+    assert any(calls)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    assert _logprob_gap(got, want) < 1e-4
