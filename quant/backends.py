@@ -22,11 +22,14 @@ its format has decoded the checkpoint tensors (schemes.QuantLinearMethod).
   (dequantizing every layer per step would cost ~45 ms on SmolLM2-135M).
   Past the budget a layer dequantizes into a transient fp32 matrix per call
   and keeps the GEMV up to GEMV_MAX_ROWS_UNCACHED rows. Measured on a 2-core
-  Xeon with AMX (one SmolLM2-135M layer, ms; benchmarks/cpu_quant_decode.py
-  --shapes): 1 row int4 0.096 / bf16 0.31 / fp32 0.28; 8 rows 0.32 / 0.33 /
-  0.65; 16 rows 0.63 / 0.34 / 0.73; 128 rows 4.8 / 0.71 / 2.5 (prefill in
-  bf16 is 3.5x the fp32 speed). With fp32 or fp16 activations torch's int4
-  GEMV takes a scalar path (100x slower), so it is bf16 or nothing.
+  Xeon with AMX, ms per SmolLM2-135M layer (its four matmuls), cycling over 30
+  layers' weights so they come from memory as in a real step: int4 GEMV /
+  bf16 / fp32 at 1 row 0.12 / 0.52 / 0.50, 8 rows 0.34 / 0.55 / 1.07, 12 rows
+  0.50 / 0.54 / 1.28, 16 rows 0.66 / 0.55 / 1.22, 64 rows 2.49 / 0.76 / 2.39;
+  on 128 rows with warm caches bf16 is 3.5x the fp32 speed
+  (benchmarks/cpu_quant_decode.py sweeps one layer). With fp32 or fp16
+  activations torch's int4 GEMV takes a scalar path (100x slower), so it is
+  bf16 or nothing.
 
   Which path a step takes depends on its row count, so in "fast" mode a
   sequence's logits can depend (at bf16 noise level) on what it is batched
