@@ -336,7 +336,7 @@ def load():
                 build_directory=str(build),
                 verbose=False,
             )
-        except Exception as exc:  # no compiler, no headers: the reference is still correct
+        except Exception as exc:  # noqa: BLE001  (no compiler, no headers: the torch paths still work)
             _failed = True
             logger.warning("C++ CPU kernels unavailable (%s: %s); using the torch paths",
                            type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")

@@ -170,8 +170,9 @@ def test_fused_decode_on_the_default_model(built):
     """int4 GEMV + bf16 activations: bf16 rounding can flip differently than in the layer path
     (the inputs differ in the last fp32 bit), so logprobs agree to bf16 noise, and tokens until a
     position where the layer path's own top two are nearly tied."""
-    from edgellm import LLM
     from edgellm.quant.backends import CpuInt4Kernel
+
+    from edgellm import LLM
 
     llm = LLM(kv_cache_memory=16 << 20, max_model_len=256, cpu_quant="fast", enable_prefix_caching=False)
     fused = llm.engine.model.model.fused
@@ -293,7 +294,7 @@ def test_shared_prefix_cascade_prefill():
     flat.copy_(torch.randn(flat.shape, generator=g))
     shared = list(range(8))  # a 128-token cached prefix in blocks 0..7
     owns = [[8, 9, 10], [11, 12], [13, 14, 15]]
-    lens, qlens = [150, 140, 170], [20, 7, 40]
+    lens = [150, 140, 170]  # 20, 7 and 40 new tokens (starts below)
     tables = torch.tensor([shared + own + [0] * (12 - 8 - len(own)) for own in owns], dtype=torch.int32)
     starts = [0, 20, 27, 67]
     q = torch.randn(67, hq, d, generator=g)
@@ -351,6 +352,7 @@ def test_cascade_inside_the_engine_matches_the_per_sequence_path(built):
     """Three requests over one cached system prompt, admitted in the same step: with fp32
     "prefill_dtype" the cascade runs in the engine and must give the per-sequence path's logprobs."""
     import edgellm.kernels.paged_attention as pa
+
     from edgellm import LLM, SamplingParams
 
     llm = LLM(kv_cache_memory=32 << 20, max_model_len=512, cpu_quant="exact")
