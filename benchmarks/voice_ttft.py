@@ -118,6 +118,10 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=1.6)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--server-arg", action="append", default=[],
+                    help="extra `edgellm serve` argument (repeatable), e.g. --server-arg=--max-num-batched-tokens=256")
+    ap.add_argument("--closed-loop-only", action="store_true", help="skip the Poisson runs, the run without "
+                    "prefix caching and the wave breakdown")
     ap.add_argument("--out", default=str(RESULTS / "voice_ttft.json"))
     args = ap.parse_args()
     from edgellm.loader import default_model_path
@@ -126,15 +130,17 @@ def main() -> int:
     tokenizer = Tokenizer.load(Path(default_model_path()), "gguf")
     runs: list[dict] = []
     log_dir = Path(tempfile.mkdtemp(prefix="edgellm-voice-"))
-    for prefix in (True, False):
+    for prefix in (True,) if args.closed_loop_only else (True, False):
         port = free_port()
         cmd = [sys.executable, "-m", "edgellm.cli", "serve", "--port", str(port), "--no-access-log",
-               f"--cpu-quant={args.cpu_quant}"] + ([] if prefix else ["--no-enable-prefix-caching"])
+               f"--cpu-quant={args.cpu_quant}", *args.server_arg] + ([] if prefix else ["--no-enable-prefix-caching"])
         server = Server("edgellm" + ("" if prefix else "-no-prefix-cache"), cmd, port, log_dir)
         try:
             server.start(600)
-            for label, conc, rate in (("closed loop", args.concurrency, float("inf")),
-                                      ("poisson", None, args.rate)):
+            patterns = [("closed loop", args.concurrency, float("inf"))]
+            if not args.closed_loop_only:
+                patterns.append(("poisson", None, args.rate))
+            for label, conc, rate in patterns:
                 row = run_workload(server.url, tokenizer, args.requests, conc, rate, args.seed)
                 row.update({"prefix_caching": prefix, "arrivals": label,
                             "concurrency": conc, "request_rate": None if rate == float("inf") else rate})
@@ -145,6 +151,11 @@ def main() -> int:
                       f"{row['failed']} failed)", flush=True)
         finally:
             server.stop()
+    if args.closed_loop_only:
+        Path(args.out).write_text(json.dumps({"runs": runs, "server_args": args.server_arg,
+                                              "date": time.strftime("%Y-%m-%d %H:%M")}, indent=2))
+        print(f"wrote {args.out}")
+        return 0
     wave = wave_breakdown(args.cpu_quant)
     print(f"one wave of 8 turns: {wave['new_tokens']} new tokens over {wave['cached_tokens_per_request']} cached "
           f"each: prefill step {wave['prefill_step_ms']:.0f} ms; next decode step {wave['next_decode_step_ms']:.0f} ms")
@@ -154,6 +165,7 @@ def main() -> int:
                                                                      or os.cpu_count() or 1),
            "date": time.strftime("%Y-%m-%d %H:%M"), "cpu_quant": args.cpu_quant,
            "commands": {"this": "python benchmarks/voice_ttft.py " + " ".join(sys.argv[1:])},
+           "server_args": args.server_arg,
            "runs": runs, "wave": wave}
     Path(args.out).parent.mkdir(exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))
