@@ -51,7 +51,9 @@ SOURCE = r"""
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
+#include <c10/util/Float8_e4m3fn.h>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -77,44 +79,162 @@ static inline void axpy(float* y, float p, const float* x, int64_t n) {  // y +=
   for (; d < n; ++d) y[d] += p * x[d];
 }
 
+// One cached K or V row as floats: fp32 rows are read in place; fp8 (e4m3fn) rows are decoded
+// exactly into `buf` (AVX-512: e4m3's bit fields placed into fp16's give value / 256, then fp16
+// -> fp32; elsewhere c10's conversion).
+static inline const float* kv_row(const uint8_t* p, float* buf, int64_t D) {
+  int64_t d = 0;
+#if defined(__AVX512F__)
+  const __m512 k256 = _mm512_set1_ps(256.f);
+  for (; d + 16 <= D; d += 16) {
+    const __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + d)));
+    const __m256i half = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x80)), 8),
+                                         _mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x7f)), 7));
+    _mm512_storeu_ps(buf + d, _mm512_mul_ps(_mm512_cvtph_ps(half), k256));
+  }
+#endif
+  for (; d < D; ++d) buf[d] = static_cast<float>(c10::Float8_e4m3fn(p[d], c10::Float8_e4m3fn::from_bits()));
+  return buf;
+}
+
+// x[i] = exp(x[i] - mx) for i < n (every x[i] <= mx), returning their sum. AVX-512: range reduction
+// by ln 2 (Cody-Waite), a degree-6 Taylor polynomial on |r| <= ln2 / 2 and scalef: within 2 ulp of
+// expf; elsewhere std::exp.
+static inline float exp_shifted_sum(float* x, int64_t n, float mx) {
+  int64_t i = 0;
+  float sum = 0.f;
+#if defined(__AVX512F__)
+  const __m512 vmx = _mm512_set1_ps(mx), lo = _mm512_set1_ps(-87.3f), log2e = _mm512_set1_ps(1.44269504088896341f);
+  const __m512 ln2hi = _mm512_set1_ps(0.693359375f), ln2lo = _mm512_set1_ps(-2.12194440e-4f);
+  const __m512 c2 = _mm512_set1_ps(1.f / 2), c3 = _mm512_set1_ps(1.f / 6), c4 = _mm512_set1_ps(1.f / 24);
+  const __m512 c5 = _mm512_set1_ps(1.f / 120), c6 = _mm512_set1_ps(1.f / 720), one = _mm512_set1_ps(1.f);
+  __m512 vsum = _mm512_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    __m512 v = _mm512_max_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), vmx), lo);
+    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(v, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(k, ln2hi, v);
+    r = _mm512_fnmadd_ps(k, ln2lo, r);
+    __m512 p = _mm512_fmadd_ps(c6, r, c5);
+    p = _mm512_fmadd_ps(p, r, c4);
+    p = _mm512_fmadd_ps(p, r, c3);
+    p = _mm512_fmadd_ps(p, r, c2);
+    p = _mm512_fmadd_ps(p, r, one);
+    p = _mm512_fmadd_ps(p, r, one);
+    const __m512 e = _mm512_scalef_ps(p, k);
+    _mm512_storeu_ps(x + i, e);
+    vsum = _mm512_add_ps(vsum, e);
+  }
+  sum = _mm512_reduce_add_ps(vsum);
+#endif
+  for (; i < n; ++i) {
+    x[i] = std::exp(x[i] - mx);
+    sum += x[i];
+  }
+  return sum;
+}
+
+// out[g] = q_g . k for the G query heads sharing one K row (q_g = q + g * D): k read once.
+static inline void dots(const float* q, const float* k, int64_t D, int64_t G, float* out) {
+#if defined(__AVX512F__)
+  if (G <= 8 && D % 16 == 0) {
+    __m512 acc[8];
+    for (int64_t g = 0; g < G; ++g) acc[g] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d += 16) {
+      const __m512 kv = _mm512_loadu_ps(k + d);
+      for (int64_t g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * D + d), kv, acc[g]);
+    }
+    for (int64_t g = 0; g < G; ++g) out[g] = _mm512_reduce_add_ps(acc[g]);
+    return;
+  }
+#endif
+  for (int64_t g = 0; g < G; ++g) out[g] = dot(q + g * D, k, D);
+}
+
+// acc_g += p[g] * v for the G heads sharing one V row (acc_g = acc + g * D): v read once.
+static inline void axpys(float* acc, const float* p, int64_t pstride, const float* v, int64_t D, int64_t G) {
+#if defined(__AVX512F__)
+  if (D % 16 == 0) {
+    for (int64_t d = 0; d < D; d += 16) {
+      const __m512 vv = _mm512_loadu_ps(v + d);
+      for (int64_t g = 0; g < G; ++g) {
+        float* a = acc + g * D + d;
+        _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_set1_ps(p[g * pstride]), vv, _mm512_loadu_ps(a)));
+      }
+    }
+    return;
+  }
+#endif
+  for (int64_t g = 0; g < G; ++g) axpy(acc + g * D, p[g * pstride], v, D);
+}
+
+template <typename T>
+static inline const float* load_row(const T* p, float* buf, int64_t D) {
+  if constexpr (std::is_same_v<T, float>) {
+    return p;
+  } else {
+    return kv_row(p, buf, D);
+  }
+}
+
 // Decode attention for B sequences, one query token each. q row b at q + b * q_stride (Hq heads of
-// D), output row b at out + b * out_stride. K/V pages: kc / vc [NB, BS, Hkv, D]. block tables
-// [B, MB] int64, seq_lens [B] (context incl. this token), window <= 0: none.
-static void attend(const float* q, int64_t q_stride, float* out, int64_t out_stride, const float* kc,
-                   const float* vc, int64_t BS, int64_t Hkv, int64_t D, int64_t G, const int64_t* bt,
-                   int64_t MB, const int64_t* sl, int64_t B, float sc, int64_t window) {
-  at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
+// D), output row b at out + b * out_stride. K/V pages: kc / vc [NB, BS, Hkv, D] (fp32, or fp8
+// codes with k_mul / v_mul their scales). block tables [B, MB] int64, seq_lens [B] (context incl.
+// this token), window <= 0: none.
+template <typename T>
+static void attend(const float* q, int64_t q_stride, float* out, int64_t out_stride, const T* kc,
+                   const T* vc, int64_t BS, int64_t Hkv, int64_t D, int64_t G, const int64_t* bt,
+                   int64_t MB, const int64_t* sl, int64_t B, float sc, int64_t window, float k_mul = 1.f,
+                   float v_mul = 1.f) {
+  // Work items: one sequence with all its kv heads when there are enough sequences for the
+  // threads (its K/V tokens are then read as whole contiguous rows), else one (sequence, kv head).
+  const int64_t hpi = B >= 2 * at::get_num_threads() ? Hkv : 1;  // kv heads per item
+  const int64_t GH = G * hpi;  // query heads per item
+  at::parallel_for(0, B * (Hkv / hpi), 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
-    std::vector<float> acc(G * D);
+    std::vector<float> acc(GH * D);
+    std::vector<float> buf(D);
+    std::vector<float> dk(G);
+    const float ksc = sc * k_mul;
+    const int64_t row = Hkv * D;  // one token's K (or V) in a page
     for (int64_t i = begin; i < end; ++i) {
-      const int64_t b = i / Hkv, h = i % Hkv;
+      const int64_t b = i / (Hkv / hpi), h0 = (i % (Hkv / hpi)) * hpi;
       const int64_t len = sl[b];
       const int64_t lo = window > 0 ? std::max<int64_t>(0, len - window) : 0;
       const int64_t n = len - lo;
-      scores.resize(G * n);
-      const float* qb = q + b * q_stride + h * G * D;
-      for (int64_t t = lo; t < len; ++t) {
-        const float* k = kc + ((bt[b * MB + t / BS] * BS + t % BS) * Hkv + h) * D;
-        for (int64_t g = 0; g < G; ++g) scores[g * n + (t - lo)] = dot(qb + g * D, k, D) * sc;
+      scores.resize(GH * n);
+      const float* qb = q + b * q_stride + h0 * G * D;
+      // page by page: no division per position
+      for (int64_t j = lo / BS; j * BS < len; ++j) {
+        const T* page = kc + (bt[b * MB + j] * BS * Hkv + h0) * D;
+        const int64_t t1 = std::min(len, (j + 1) * BS);
+        for (int64_t t = std::max(lo, j * BS); t < t1; ++t) {
+          const T* tok = page + (t - j * BS) * row;
+          for (int64_t hh = 0; hh < hpi; ++hh) {
+            dots(qb + hh * G * D, load_row(tok + hh * D, buf.data(), D), D, G, dk.data());
+            for (int64_t g = 0; g < G; ++g) scores[(hh * G + g) * n + (t - lo)] = dk[g] * ksc;
+          }
+        }
       }
-      for (int64_t g = 0; g < G; ++g) {
+      for (int64_t g = 0; g < GH; ++g) {
         float* sg = scores.data() + g * n;
         float mx = -std::numeric_limits<float>::infinity();
         for (int64_t t = 0; t < n; ++t) mx = std::max(mx, sg[t]);
-        float sum = 0.f;
-        for (int64_t t = 0; t < n; ++t) {
-          sg[t] = std::exp(sg[t] - mx);
-          sum += sg[t];
-        }
-        const float inv = 1.f / sum;
+        const float sum = exp_shifted_sum(sg, n, mx);
+        const float inv = v_mul / sum;
         for (int64_t t = 0; t < n; ++t) sg[t] *= inv;
       }
       std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t t = lo; t < len; ++t) {
-        const float* v = vc + ((bt[b * MB + t / BS] * BS + t % BS) * Hkv + h) * D;
-        for (int64_t g = 0; g < G; ++g) axpy(acc.data() + g * D, scores[g * n + (t - lo)], v, D);
+      for (int64_t j = lo / BS; j * BS < len; ++j) {
+        const T* page = vc + (bt[b * MB + j] * BS * Hkv + h0) * D;
+        const int64_t t1 = std::min(len, (j + 1) * BS);
+        for (int64_t t = std::max(lo, j * BS); t < t1; ++t) {
+          const T* tok = page + (t - j * BS) * row;
+          for (int64_t hh = 0; hh < hpi; ++hh)
+            axpys(acc.data() + hh * G * D, scores.data() + hh * G * n + (t - lo), n,
+                  load_row(tok + hh * D, buf.data(), D), D, G);
+        }
       }
-      std::copy(acc.begin(), acc.end(), out + b * out_stride + h * G * D);
+      std::copy(acc.begin(), acc.end(), out + b * out_stride + h0 * G * D);
     }
   });
 }
@@ -135,9 +255,11 @@ static void check_tables(const torch::Tensor& block_tables, const torch::Tensor&
   }
 }
 
-static void check_cache(const torch::Tensor& kv_cache, int64_t D) {
-  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.scalar_type() == torch::kFloat && kv_cache.is_contiguous(),
-              "kv_cache: [2, NB, BS, Hkv, D] fp32 contiguous");
+static void check_cache(const torch::Tensor& kv_cache, int64_t D, bool fp8_ok = false) {
+  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.is_contiguous() &&
+              (kv_cache.scalar_type() == torch::kFloat ||
+               (fp8_ok && kv_cache.scalar_type() == at::ScalarType::Float8_e4m3fn)),
+              "kv_cache: [2, NB, BS, Hkv, D] contiguous, fp32 (or fp8 e4m3fn in decode_layers)");
   TORCH_CHECK(kv_cache.size(0) == 2 && kv_cache.size(4) == D, "kv_cache head_dim");
 }
 
@@ -154,7 +276,7 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor kv_cache, torch::T
   check_tables(block_tables, seq_lens, B, NB, BS);
   auto out = torch::empty_like(q);
   const float* kc = kv_cache.data_ptr<float>();
-  attend(q.data_ptr<float>(), Hq * D, out.data_ptr<float>(), Hq * D, kc, kc + NB * BS * Hkv * D, BS, Hkv, D,
+  attend<float>(q.data_ptr<float>(), Hq * D, out.data_ptr<float>(), Hq * D, kc, kc + NB * BS * Hkv * D, BS, Hkv, D,
          Hq / Hkv, block_tables.data_ptr<int64_t>(), block_tables.size(1), seq_lens.data_ptr<int64_t>(), B,
          static_cast<float>(scale), window);
   return out;
@@ -227,7 +349,8 @@ constexpr int64_t PER_LAYER = 19;  // tensors per layer, see decode_layers
 torch::Tensor decode_layers(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, torch::Tensor slots,
                             torch::Tensor block_tables, torch::Tensor seq_lens, std::vector<torch::Tensor> w,
                             std::vector<int64_t> meta, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                            int64_t intermediate, double eps, double scale, int64_t int4_max_rows) {
+                            int64_t intermediate, double eps, double scale, int64_t int4_max_rows,
+                            std::vector<double> kv_scales) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.is_contiguous(), "x: [B, H] fp32");
   pybind11::gil_scoped_release no_gil;  // pure tensor work: let the server's event loop run meanwhile
   TORCH_CHECK(w.size() % PER_LAYER == 0 && meta.size() == w.size() / PER_LAYER * 5, "per-layer tensors");
@@ -237,7 +360,8 @@ torch::Tensor decode_layers(torch::Tensor x, torch::Tensor cos, torch::Tensor si
   TORCH_CHECK(slots.scalar_type() == torch::kLong && slots.numel() == B, "slots: [B] int64");
   const int64_t L = w.size() / PER_LAYER;
   if (B == 0 || L == 0) return x;
-  check_cache(w[PER_LAYER - 1], D);
+  check_cache(w[PER_LAYER - 1], D, true);
+  TORCH_CHECK(kv_scales.size() == 2 * static_cast<size_t>(w.size() / PER_LAYER), "two kv scales per layer");
   const int64_t NB = w[PER_LAYER - 1].size(1), BS = w[PER_LAYER - 1].size(2);
   TORCH_CHECK(w[PER_LAYER - 1].size(3) == Hkv && Hq % Hkv == 0, "kv heads");
   check_tables(block_tables, seq_lens, B, NB, BS);
@@ -252,10 +376,10 @@ torch::Tensor decode_layers(torch::Tensor x, torch::Tensor cos, torch::Tensor si
     const torch::Tensor* t = w.data() + l * PER_LAYER;
     const int64_t* m = meta.data() + l * 5;
     const torch::Tensor& cache = t[18];
-    check_cache(cache, D);
+    check_cache(cache, D, true);
     TORCH_CHECK(cache.size(1) == NB && cache.size(2) == BS && cache.size(3) == Hkv, "kv caches differ across layers");
-    float* kc = cache.data_ptr<float>();
-    float* vc = kc + NB * BS * Hkv * D;
+    const bool fp8 = cache.scalar_type() == at::ScalarType::Float8_e4m3fn;
+    const float k_scale = static_cast<float>(kv_scales[2 * l]), v_scale = static_cast<float>(kv_scales[2 * l + 1]);
     // attention block
     float* hp = h.data_ptr<float>();
     const float* n1 = t[0].data_ptr<float>();
@@ -264,13 +388,33 @@ torch::Tensor decode_layers(torch::Tensor x, torch::Tensor cos, torch::Tensor si
     TORCH_CHECK(qkv.size(1) == QKV, "qkv width");
     float* qp = qkv.data_ptr<float>();
     rotate_rows(qp, QKV, cp, snp, B, Hq + Hkv, D);  // q heads, then k heads
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t slot = sp[b];
-      std::copy(qp + b * QKV + Hq * D, qp + b * QKV + (Hq + Hkv) * D, kc + slot * Hkv * D);
-      std::copy(qp + b * QKV + (Hq + Hkv) * D, qp + (b + 1) * QKV, vc + slot * Hkv * D);
+    if (fp8) {  // as kernels/paged_attention.write_kv_ref: clamp(x / scale, +-448), round to e4m3
+      uint8_t* kc = reinterpret_cast<uint8_t*>(cache.data_ptr());
+      uint8_t* vc = kc + NB * BS * Hkv * D;
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t slot = sp[b];
+        for (int64_t j = 0; j < Hkv * D; ++j) {
+          const float kq = std::min(std::max(qp[b * QKV + Hq * D + j] / k_scale, -448.f), 448.f);
+          const float vq = std::min(std::max(qp[b * QKV + (Hq + Hkv) * D + j] / v_scale, -448.f), 448.f);
+          kc[slot * Hkv * D + j] = c10::Float8_e4m3fn(kq).x;
+          vc[slot * Hkv * D + j] = c10::Float8_e4m3fn(vq).x;
+        }
+      }
+      attend<uint8_t>(qp, QKV, attn.data_ptr<float>(), Hq * D, kc, vc, BS, Hkv, D, G,
+                      block_tables.data_ptr<int64_t>(), block_tables.size(1), seq_lens.data_ptr<int64_t>(), B,
+                      static_cast<float>(scale), m[4], k_scale, v_scale);
+    } else {
+      float* kc = cache.data_ptr<float>();
+      float* vc = kc + NB * BS * Hkv * D;
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t slot = sp[b];
+        std::copy(qp + b * QKV + Hq * D, qp + b * QKV + (Hq + Hkv) * D, kc + slot * Hkv * D);
+        std::copy(qp + b * QKV + (Hq + Hkv) * D, qp + (b + 1) * QKV, vc + slot * Hkv * D);
+      }
+      attend<float>(qp, QKV, attn.data_ptr<float>(), Hq * D, kc, vc, BS, Hkv, D, G,
+                    block_tables.data_ptr<int64_t>(), block_tables.size(1), seq_lens.data_ptr<int64_t>(), B,
+                    static_cast<float>(scale), m[4]);
     }
-    attend(qp, QKV, attn.data_ptr<float>(), Hq * D, kc, vc, BS, Hkv, D, G, block_tables.data_ptr<int64_t>(),
-           block_tables.size(1), seq_lens.data_ptr<int64_t>(), B, static_cast<float>(scale), m[4]);
     auto o = linear(attn, t[5], t[6], m[1], t[7], t[8], int4_max_rows).contiguous();
     const float* op = o.data_ptr<float>();
     for (int64_t i = 0; i < B * H; ++i) xp[i] += op[i];

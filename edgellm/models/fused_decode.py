@@ -10,8 +10,9 @@ also how far the layer path is from transformers.
 
 It applies when every linear of every layer is a CPU int4 kernel without an act-order
 permutation and with its dense copy kept, or a plain fp32 matrix; the model runs fp32;
-rotary covers the whole head; and at call time the step is decode-only over fp32 KV
-caches. Anything else (prefill chunks, fp8 KV, other formats) takes the layer path.
+rotary covers the whole head; and at call time the step is decode-only over fp32 or fp8
+(e4m3, per-layer scales) KV caches. Anything else (prefill chunks, other formats) takes the
+layer path.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _EMPTY = torch.empty(0)
+_CACHE_DTYPES = (torch.float32, torch.float8_e4m3fn)
 
 
 def _linear_tensors(module) -> tuple[list[torch.Tensor], int] | None:
@@ -110,9 +112,12 @@ class FusedDecode:
 
         if meta.num_decodes != len(meta.seq_lens) or x.dtype != torch.float32 or x.device.type != "cpu":
             return None
-        caches = [layer.self_attn.attn.kv_cache for layer in self.model.layers]
-        if any(c is None or c.dtype != torch.float32 or not c.is_contiguous() for c in caches):
+        attns = [layer.self_attn.attn for layer in self.model.layers]
+        caches = [a.kv_cache for a in attns]
+        if any(c is None or c.dtype not in _CACHE_DTYPES or not c.is_contiguous() for c in caches):
             return None
+        if caches[0].dtype == torch.float8_e4m3fn and not all(a.scales_known for a in attns):
+            return None  # the first prefill sets them (layers/attention.py)
         module = cpu_native.load()
         if module is None:
             return None
@@ -125,5 +130,5 @@ class FusedDecode:
         return module.decode_layers(
             x.contiguous(), cos, sin, meta.slot_mapping.long(), plan[0], plan[1], self._weights_for(caches),
             self.meta, self.num_heads, self.num_kv_heads, self.head_dim, self.intermediate, float(self.eps),
-            float(self.scale), int(backends.GEMV_MAX_ROWS),
+            float(self.scale), int(backends.GEMV_MAX_ROWS), [float(v) for a in attns for v in (a.k_scale, a.v_scale)],
         )
