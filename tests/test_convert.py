@@ -439,8 +439,10 @@ def test_sigterm_mid_run_leaves_no_out(tmp_path):
     import time
 
     out = tmp_path / "out"
+    # enough calibration data that quantizing takes seconds (~5 s quiet): the signal must land inside
+    # the run even when this test's threads are slow to wake on a loaded machine
     cmd = [sys.executable, "-m", "edgellm.quant.convert", str(BASE), str(out), "--scheme", "w4a16-gptq",
-           "--num-samples", "64", "--seq-len", "128", "--no-eval"]
+           "--num-samples", "512", "--seq-len", "256", "--no-eval"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "TQDM_MININTERVAL": "0"})
     seen = threading.Event()
@@ -454,7 +456,8 @@ def test_sigterm_mid_run_leaves_no_out(tmp_path):
 
     threading.Thread(target=watch, daemon=True).start()
     assert seen.wait(120), "conversion never reached the quantization loop"
-    time.sleep(0.5)
+    time.sleep(0.2)
+    assert proc.poll() is None, "the conversion ended before the signal could be sent"
     proc.send_signal(signal.SIGTERM)
     rc = proc.wait(60)
     assert rc == 130
