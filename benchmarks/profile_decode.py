@@ -35,13 +35,14 @@ class PhaseTimer:
     def __init__(self, engine: LLMEngine) -> None:
         self.totals: dict[str, list[float]] = {}
         runner, model = engine.runner, engine.runner.model
-        self._wrap(engine.scheduler, "schedule", "schedule")
-        self._wrap(runner, "build_batch", "build_batch")
-        self._wrap(model, "forward", "forward")
-        self._wrap(model, "compute_logits", "logits")
-        self._wrap(runner, "sampler", "sample")
+        self.wrap(engine.scheduler, "schedule", "schedule")
+        self.wrap(runner, "build_batch", "build_batch")
+        self.wrap(model, "forward", "forward")
+        self.wrap(model, "compute_logits", "logits")
+        self.wrap(runner, "sampler", "sample")
 
-    def _wrap(self, owner: object, name: str, key: str) -> None:
+    def wrap(self, owner: object, name: str, key: str) -> None:
+        """Time every call of owner.name under `key` (seconds per call in self.totals[key])."""
         fn = getattr(owner, name)
         bucket = self.totals.setdefault(key, [])
 

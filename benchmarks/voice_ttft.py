@@ -31,6 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 
 from compare_servers import Server, free_port, machine_info, served_model  # noqa: E402
+from profile_decode import PhaseTimer  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -69,35 +70,20 @@ def wave_breakdown(cpu_quant: str | None) -> dict:
     eng.add_request("warm", prompts[0], params)
     while eng.seqs:
         eng.step()
-    totals: dict[str, float] = {}
-    model = eng.runner.model
-
-    def timed(owner: Any, name: str, key: str) -> None:
-        fn = getattr(owner, name)
-
-        def wrapper(*a: Any, **k: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                totals[key] = totals.get(key, 0.0) + (time.perf_counter() - t0) * 1e3
-
-        setattr(owner, name, wrapper)
-
-    for layer in model.model.layers:
-        timed(layer.self_attn, "forward", "attention block (norm excluded)")
-        timed(layer.self_attn.attn, "forward", "attention (KV write + paged attention)")
-        timed(layer.mlp, "forward", "MLP block")
+    timer = PhaseTimer(eng)  # engine phases (forward, logits, ...) plus the layers' parts below
+    for layer in eng.runner.model.model.layers:
+        timer.wrap(layer.self_attn, "forward", "attention block (norm excluded)")
+        timer.wrap(layer.self_attn.attn, "forward", "attention (KV write + paged attention)")
+        timer.wrap(layer.mlp, "forward", "MLP block")
         for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
-            timed(lin, "forward", "linears (all four)")
-    timed(model, "forward", "model forward")
-    timed(model, "compute_logits", "logits")
+            timer.wrap(lin, "forward", "linears (all four)")
+    timer.reset()
     for i in range(8):
         eng.add_request(f"w{i}", prompts[1 + i], params)
     t0 = time.perf_counter()
     eng.step()
     step_ms = (time.perf_counter() - t0) * 1e3
-    phases = dict(totals)  # the prefill step alone
+    phases = {k: sum(v) * 1e3 for k, v in timer.totals.items() if v}  # the prefill step alone
     seqs = list(eng.seqs.values())
     new = sum(s.num_computed_tokens - s.num_cached_tokens for s in seqs)
     t0 = time.perf_counter()

@@ -195,38 +195,36 @@ def load_model(
         model = CausalLM(cfg, scheme, dtype, max_position)
     _load_into(model, ckpt, arch, cfg)
     model.eval()
-    if scheme.cpu_kernels == "fast" and scheme.name != "none" and torch.device(device).type == "cpu" \
-            and dtype == torch.float32:
-        model.use_fast_logits()
     if torch.device(device).type == "cpu" and dtype == torch.float32:
-        # fp32 math either way (the exact path's weights stay fp32): C++ decode attention, and
-        # decode-only steps through all layers in one call
-        from edgellm.kernels import cpu_native
-        from edgellm.models.fused_decode import FusedDecode
-
-        cpu_native.load()  # built (once per machine) at load time, not in the first request
-        for attn in model.attention_layers():
-            attn.cpp_decode = True
-            if scheme.cpu_kernels == "fast":
-                attn.prefill_dtype = torch.bfloat16
-        if scheme.cpu_kernels == "fast" and cpu_native.load() is not None \
-                and model.model.rotary.rot_dim == cfg.head_dim:
-            for layer in model.model.layers:
-                layer.self_attn.native_rotary = True
-        if scheme.cpu_kernels == "fast":
-            from edgellm.quant.backends import CpuInt4Kernel
-
-            for layer in model.model.layers:
-                mlp = layer.mlp
-                if all(isinstance(getattr(m, "kernel", None), CpuInt4Kernel) and m.bias is None
-                       for m in (mlp.gate_up_proj, mlp.down_proj)):
-                    mlp.bf16_intermediate = True
-        model.model.fused = FusedDecode.build(model.model)
+        _use_cpu_paths(model, scheme, cfg)
     logger.info(
         "loaded %s (%s, %d layers, hidden %d, quant %s, cpu kernels %s) as %s",
         ckpt.path, arch.name, cfg.num_layers, cfg.hidden_size, scheme.name, scheme.cpu_kernels, dtype,
     )
     return model
+
+
+def _use_cpu_paths(model: CausalLM, scheme: QuantScheme, cfg: ModelConfig) -> None:
+    """An fp32 model on CPU: C++ decode attention and decode-only steps through all layers in one
+    call (fp32 math, both modes); in "fast" mode also the int8 / bf16 logits head, bf16 prefill
+    attention, rotary in C++ and a bf16 MLP intermediate where both MLP linears are int4."""
+    from edgellm.kernels import cpu_native
+    from edgellm.models.fused_decode import FusedDecode
+    from edgellm.quant.backends import CpuInt4Kernel
+
+    fast = scheme.cpu_kernels == "fast"
+    if fast and scheme.name != "none":
+        model.use_fast_logits()
+    native = cpu_native.load() is not None  # built (once per machine) here, not in the first request
+    for layer in model.model.layers:
+        layer.self_attn.attn.cpp_decode = True
+        if fast:
+            layer.self_attn.attn.prefill_dtype = torch.bfloat16
+            layer.self_attn.native_rotary = native and model.model.rotary.rot_dim == cfg.head_dim
+            mlp = layer.mlp
+            mlp.bf16_intermediate = all(isinstance(getattr(m, "kernel", None), CpuInt4Kernel) and m.bias is None
+                                        for m in (mlp.gate_up_proj, mlp.down_proj))
+    model.model.fused = FusedDecode.build(model.model)
 
 
 def model_config(ckpt: Checkpoint, architecture: str | None = None) -> ModelConfig:

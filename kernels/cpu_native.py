@@ -492,6 +492,12 @@ def supported(query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
             and kv_cache.is_contiguous())
 
 
+def decode_tables(block_tables: torch.Tensor, seq_lens: list[int], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first `rows` sequences' block tables (int64, contiguous) and context lengths as the
+    kernels take them."""
+    return block_tables[:rows].long().contiguous(), torch.tensor(seq_lens[:rows])
+
+
 def decode_attention(
     query: torch.Tensor,  # [B, Hq, D] fp32, one token per sequence
     kv_cache: torch.Tensor,  # [2, NB, BS, Hkv, D] fp32

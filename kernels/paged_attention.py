@@ -116,7 +116,7 @@ def paged_attention_ref(
         if cpu_native.supported(query, kv_cache) and cpu_native.load() is not None:
             plan = step_cache.get("cpp_decode") if step_cache is not None else None
             if plan is None:
-                plan = (block_tables[:num_decodes].long().contiguous(), torch.tensor(seq_lens[:num_decodes]))
+                plan = cpu_native.decode_tables(block_tables, seq_lens, num_decodes)
                 if step_cache is not None:
                     step_cache["cpp_decode"] = plan
             out[:num_decodes] = cpu_native.decode_attention(

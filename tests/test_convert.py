@@ -22,12 +22,10 @@ from safetensors import safe_open
 
 from edgellm.quant import convert as cv
 from edgellm.quant.convert import ConvertError, ConvertOptions, convert, main
+from tests.fixture_paths import FIXTURES, MISSING
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
-if not FIXTURES.is_dir():
-    FIXTURES = Path("/work/shared/fixtures")
 BASE = FIXTURES / "base" / "llama"
-needs_fixtures = pytest.mark.skipif(not BASE.is_dir(), reason="../shared/fixtures (the community tools' reference checkpoints, kept outside this repository) not present")
+needs_fixtures = pytest.mark.skipif(not BASE.is_dir(), reason=MISSING)
 
 FAST = dict(num_samples=4, seq_len=32, evaluate=False, awq_grid=4)
 
@@ -54,7 +52,7 @@ def _key_paths(d: object, prefix: str = "") -> set[str]:
 def outputs(tmp_path_factory):
     """Each fixture's scheme, converted from the fixtures' own source model (once)."""
     if not BASE.is_dir():
-        pytest.skip("../shared/fixtures (the community tools' reference checkpoints, kept outside this repository) not present")
+        pytest.skip(MISSING)
     root = tmp_path_factory.mktemp("convert")
     made = {}
     for key, scheme, extra in [

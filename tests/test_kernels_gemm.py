@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,6 +23,7 @@ from edgellm.kernels import dequant_gemm as dq  # noqa: E402
 from edgellm.kernels import fp8_gemm as f8  # noqa: E402
 from edgellm.kernels import gemm_common  # noqa: E402
 from edgellm.kernels import int4_layouts as L  # noqa: E402
+from tests.fixture_paths import FIXTURES  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu" and not gemm_common.interpreting():
@@ -31,7 +31,6 @@ if DEVICE == "cpu" and not gemm_common.interpreting():
     dq = importlib.reload(dq)
     f8 = importlib.reload(f8)
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 FP8 = torch.float8_e4m3fn
 # relative to the output's largest magnitude; fp16/bf16 also round the output (and W)
 TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}

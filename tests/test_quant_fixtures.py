@@ -19,18 +19,15 @@ Tolerances (logits are about 1.3 in magnitude; see the fixtures' README):
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from edgellm import LLM
+from tests.fixture_paths import FIXTURES, MISSING
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
-if not FIXTURES.is_dir():
-    FIXTURES = Path("/work/shared/fixtures")
-pytestmark = pytest.mark.skipif(not (FIXTURES / "README.md").is_file(), reason="../shared/fixtures (the community tools' reference checkpoints, kept outside this repository) not present")
+pytestmark = pytest.mark.skipif(not (FIXTURES / "README.md").is_file(), reason=MISSING)
 
 INT4 = ["autoawq_gemm_w4g128", "gptqmodel_gptq_w4g128_sym", "llmcompressor_w4a16_gptq"]
 WEIGHT_ONLY = INT4 + ["bitsandbytes_nf4_dq"]

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgellm.batch import ForwardBatch
+from edgellm.kernels import cpu_native
 from edgellm.config import ModelConfig
 from edgellm.layers.attention import Attention
 from edgellm.layers.linear import Linear
@@ -57,8 +58,6 @@ class SelfAttention(nn.Module):
         qkv = self.qkv_proj(x)
         if self.native_rotary and qkv.dtype == torch.float32 and qkv.dim() == 2 and qkv.stride(-1) == 1:
             # CPU fast mode: rotary in place on the projection (kernels/cpu_native.rotate_)
-            from edgellm.kernels import cpu_native
-
             cos, sin = cos_sin
             cpu_native.rotate_(qkv, cos.reshape(qkv.shape[0], -1), sin.reshape(qkv.shape[0], -1),
                                self.num_heads + self.num_kv_heads, self.head_dim)

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from edgellm.batch import AttentionMetadata
+from edgellm.kernels import cpu_native
+from edgellm.quant import backends
 
 if TYPE_CHECKING:
     from edgellm.models.decoder import DecoderModel
@@ -63,14 +65,14 @@ class FusedDecode:
         self.intermediate = model.layers[0].mlp.intermediate_size
         self.eps = model.layers[0].input_layernorm.eps
         self.scale = first.attn.scale
+        self.attns = [layer.self_attn.attn for layer in model.layers]
         self._weights: list[torch.Tensor] | None = None
+        self._kv_scales: list[float] = []
         self._caches: tuple[int, ...] = ()
 
     @classmethod
     def build(cls, model: DecoderModel) -> FusedDecode | None:
         """The fused pass for this model, or None (logged) when some layer does not fit it."""
-        from edgellm.kernels import cpu_native
-
         why = None
         if cpu_native.load() is None:
             why = "the C++ kernels did not build"
@@ -97,38 +99,35 @@ class FusedDecode:
             return None
         return cls(model, static, meta)
 
-    def _weights_for(self, caches: list[torch.Tensor]) -> list[torch.Tensor]:
+    def _weights_for(self, caches: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[float]]:
+        """The per-layer tensors with each layer's cache, and the K/V scales, rebuilt only when the
+        caches are rebound (fp8 scales are final by the time a step reaches the fused pass)."""
         ids = tuple(id(c) for c in caches)
         if self._weights is None or ids != self._caches:
             self._weights = [t for static, cache in zip(self.static, caches) for t in (*static, cache)]
+            self._kv_scales = [float(v) for a in self.attns for v in (a.k_scale, a.v_scale)]
             self._caches = ids
-        return self._weights
+        return self._weights, self._kv_scales
 
     def __call__(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor],
                  meta: AttentionMetadata) -> torch.Tensor | None:
         """Hidden states after the last layer (before the final norm), or None: not a step it runs."""
-        from edgellm.kernels import cpu_native
-        from edgellm.quant import backends
-
         if meta.num_decodes != len(meta.seq_lens) or x.dtype != torch.float32 or x.device.type != "cpu":
             return None
-        attns = [layer.self_attn.attn for layer in self.model.layers]
-        caches = [a.kv_cache for a in attns]
+        caches = [a.kv_cache for a in self.attns]
         if any(c is None or c.dtype not in _CACHE_DTYPES or not c.is_contiguous() for c in caches):
             return None
-        if caches[0].dtype == torch.float8_e4m3fn and not all(a.scales_known for a in attns):
+        if caches[0].dtype == torch.float8_e4m3fn and not all(a.scales_known for a in self.attns):
             return None  # the first prefill sets them (layers/attention.py)
         module = cpu_native.load()
         if module is None:
             return None
         rows = x.shape[0]
         cos, sin = (t.reshape(rows, self.head_dim).contiguous() for t in cos_sin)
-        plan = meta.step_cache.get("fused_decode")
-        if plan is None:
-            plan = (meta.block_tables[:rows].long().contiguous(), torch.tensor(meta.seq_lens[:rows]))
-            meta.step_cache["fused_decode"] = plan
+        tables, lens = cpu_native.decode_tables(meta.block_tables, meta.seq_lens, rows)
+        weights, kv_scales = self._weights_for(caches)
         return module.decode_layers(
-            x.contiguous(), cos, sin, meta.slot_mapping.long(), plan[0], plan[1], self._weights_for(caches),
-            self.meta, self.num_heads, self.num_kv_heads, self.head_dim, self.intermediate, float(self.eps),
-            float(self.scale), int(backends.GEMV_MAX_ROWS), [float(v) for a in attns for v in (a.k_scale, a.v_scale)],
+            x.contiguous(), cos, sin, meta.slot_mapping.long(), tables, lens, weights, self.meta,
+            self.num_heads, self.num_kv_heads, self.head_dim, self.intermediate, float(self.eps),
+            float(self.scale), int(backends.GEMV_MAX_ROWS), kv_scales,
         )
