@@ -48,6 +48,7 @@ ENV = "EDGELLM_CPU_NATIVE"  # "cpp" (default) or "torch"
 SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -282,13 +283,27 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor kv_cache, torch::T
   return out;
 }
 
+// y = x W^T for a bf16 weight in oneDNN's blocked layout (quant/backends.pack_bf16): the op the
+// Python path calls, through the dispatcher (it has no C++ API of its own).
+static torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& w) {
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+  std::vector<c10::IValue> stack{x, w, c10::IValue(), c10::IValue(std::string("none")),
+                                 c10::IValue(c10::List<std::optional<at::Scalar>>()), c10::IValue()};
+  op.callBoxed(&stack);
+  return stack[0].toTensor();
+}
+
 // y = x W^T (+ bias) for one linear: int4 GEMV (bf16 activations) up to max_rows rows when packed
-// is given, else the dense matrix in its own dtype (bf16 or fp32). Empty tensors mean "absent".
+// is given, else the dense matrix in its own dtype (bf16, plain or oneDNN-blocked, or fp32).
+// Empty tensors mean "absent".
 static torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& sz,
                             int64_t group, const torch::Tensor& dense, const torch::Tensor& bias, int64_t max_rows) {
   torch::Tensor y;
   if (packed.numel() > 0 && x.size(0) <= max_rows) {
     y = at::_weight_int4pack_mm_for_cpu(x.to(at::kBFloat16), packed, group, sz).to(at::kFloat);
+  } else if (dense.is_mkldnn()) {
+    y = packed_linear(x.to(at::kBFloat16), dense).to(at::kFloat);
   } else if (dense.scalar_type() == at::kBFloat16) {
     y = at::linear(x.to(at::kBFloat16), dense).to(at::kFloat);
   } else {

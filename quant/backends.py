@@ -53,10 +53,44 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-GEMV_MAX_ROWS = 12  # rows per call up to which the CPU int4 GEMV beats the bf16 matmul (weights from memory)
+PACKED_ENV = "EDGELLM_CPU_PACKED"  # "0": keep bf16 copies in the plain layout (F.linear)
+
+
+def _packed_available() -> bool:
+    if os.environ.get(PACKED_ENV, "1") == "0":
+        return False
+    try:
+        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+                    and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    except (AttributeError, RuntimeError):
+        return False
+
+
+PACKED_BF16 = _packed_available()
+# rows per call up to which the CPU int4 GEMV beats the bf16 matmul (weights from memory); its cost
+# steps up every 4 rows
+GEMV_MAX_ROWS = 4 if PACKED_BF16 else 12
 GEMV_MAX_ROWS_UNCACHED = 128  # ... and beats dequantizing per call
 DENSE_CACHE_ENV = "EDGELLM_CPU_DENSE_CACHE_MB"
 _dense_cache_used = [0]  # bytes of bf16 dense copies kept in this process
+
+
+def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] in bf16 for bf16_linear: reordered once into oneDNN's blocked layout when
+    torch has it (an opaque mkldnn tensor; unpack_bf16 gives the plain matrix back)."""
+    w = weight.to(torch.bfloat16).contiguous()
+    return torch.ops.mkldnn._reorder_linear_weight(w, 16) if PACKED_BF16 else w
+
+
+def unpack_bf16(weight: torch.Tensor) -> torch.Tensor:
+    return weight.to_dense() if weight.is_mkldnn else weight
+
+
+def bf16_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [..., K] bf16 times a pack_bf16 weight: bf16 out, fp32 accumulation either way."""
+    if weight.is_mkldnn:
+        return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
+    return F.linear(x, weight)
 
 
 def _reserve_dense(nbytes: int) -> bool:
@@ -132,8 +166,7 @@ class CpuInt4Kernel:
         self.zeros = None if c.zeros is None else c.zeros.to(torch.uint8).contiguous()
         self.offsets = None if offsets is None else _compact(offsets)
         # the dequantized matrix in bf16 for larger steps, kept while the budget lasts
-        self.dense_weight = (self.dense().to(torch.bfloat16) if _reserve_dense(self.n * self.k * 2)
-                             else None)
+        self.dense_weight = pack_bf16(self.dense()) if _reserve_dense(self.n * self.k * 2) else None
 
     @classmethod
     def build(cls, c: Int4Codes, dtype: torch.dtype) -> CpuInt4Kernel | None:
@@ -181,7 +214,7 @@ class CpuInt4Kernel:
                 x2.to(torch.bfloat16).contiguous(), self.packed, self.tinygemm_group, self.scale_zero
             ).to(x.dtype)
         elif dense is not None:
-            y = F.linear(x2.to(torch.bfloat16), dense).to(x.dtype)
+            y = bf16_linear(x2.to(torch.bfloat16), dense).to(x.dtype)
         else:
             y = F.linear(x2, self.dense().to(x.dtype))
         if bias is not None:
@@ -237,7 +270,7 @@ class CpuFastLogitsHead:
     logits stay approximate and below them. When a row has more than MAX_CANDIDATES candidates
     (a flat distribution) it is recomputed whole in fp32."""
 
-    INT8_MAX_ROWS = 4
+    INT8_MAX_ROWS = 2 if PACKED_BF16 else 4  # beyond: the bf16 copy (oneDNN-blocked: flat 1.2 ms to 16 rows)
     MAX_CANDIDATES = 2048
     SIGMAS = 8.0
 
@@ -247,12 +280,13 @@ class CpuFastLogitsHead:
         scale = (absmax / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
         self.codes = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()
         self.scales = scale.to(torch.bfloat16)
-        self.bf16 = w.to(torch.bfloat16)
+        bf16 = w.to(torch.bfloat16)
         # largest per-row mean squares of the weight and of each copy's rounding error
         self.w_ms = float(w.square().mean(1).max())
         err = w - self.codes.float() * self.scales.float()[:, None]
         self.err_ms_int8 = float(err.square().mean(1).max())
-        self.err_ms_bf16 = float((w - self.bf16.float()).square().mean(1).max())
+        self.err_ms_bf16 = float((w - bf16.float()).square().mean(1).max())
+        self.bf16 = pack_bf16(bf16)
         self.weight = weight  # the model's own (tied) matrix: no copy
 
     def __call__(self, x: torch.Tensor, argmax_only: list[bool] | None = None) -> torch.Tensor:
@@ -291,7 +325,7 @@ class CpuFastLogitsHead:
         if int8:
             logits = torch._weight_int8pack_mm(xb, self.codes, self.scales).float()
         else:
-            logits = F.linear(xb, self.bf16).float()
+            logits = bf16_linear(xb, self.bf16).float()
         hi, lo = logits.amax(-1, keepdim=True), logits.amin(-1, keepdim=True)
         return logits, hi, self.bound(x, xb, torch.maximum(hi, -lo), int8)
 
