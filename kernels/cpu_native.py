@@ -7,8 +7,15 @@ additive mask: three passes over the context and ~10 torch ops per layer. This
 kernel reads K and V straight from the pages, once each, with one program per
 (sequence, kv head) spread over torch's intra-op threads (at::parallel_for):
 the G query heads sharing that kv head (GQA) score every position, softmax in
-fp32, then accumulate V; dot products and updates in AVX-512 where the CPU has
-it (the build is for the host ISA), scalar loops otherwise. Same cache layout as
+fp32, then accumulate V. With AVX-512 (the build is for the host ISA) and a head
+size that is a multiple of 16, both passes go 16 tokens at a time with every
+head of the item over the tile while it is in L1 and the next tile prefetched
+(pages sit anywhere in the cache); the 16 scores of a tile come out of one
+transpose-and-add tree, and the V accumulators stay in registers over the tile.
+Scalar loops otherwise. Summation order is the same either way. Built with
+-fopenmp so at::parallel_for really runs on torch's threads (it is inline
+OpenMP; without the flag it is a serial loop); 8 sequences x 600 tokens,
+SmolLM2's 3 kv heads: 0.95 -> 0.34 ms per layer. Same cache layout as
 everywhere: kv_cache [2, num_blocks, block_size, num_kv_heads, head_dim], fp32.
 
 decode_layers: a decode-only step (one token per sequence) through every
@@ -44,6 +51,10 @@ import torch
 logger = logging.getLogger(__name__)
 
 ENV = "EDGELLM_CPU_NATIVE"  # "cpp" (default) or "torch"
+# -fopenmp: at::parallel_for is inline and runs its loop through OpenMP pragmas, which a build
+# without the flag ignores (serial). The module then shares torch's libgomp.so.1 (loaded first,
+# same soname), so torch.set_num_threads governs both.
+CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 
 SOURCE = r"""
 #include <torch/extension.h>
@@ -177,6 +188,140 @@ static inline const float* load_row(const T* p, float* buf, int64_t D) {
   }
 }
 
+#if defined(__AVX512F__)
+// 16 K or V values as fp32: fp32 in place; fp8 e4m3 codes as in kv_row.
+static inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+static inline __m512 load16(const uint8_t* p) {
+  const __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i half = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x80)), 8),
+                                       _mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x7f)), 7));
+  return _mm512_mul_ps(_mm512_cvtph_ps(half), _mm512_set1_ps(256.f));
+}
+
+// Lane t of the result = the sum of v[t]'s 16 lanes: a transpose-and-add tree (45 shuffles and
+// adds for 16 sums, where 16 separate reductions take ~130 and serialize on their latency).
+static inline __m512 hsum16(const __m512* v) {
+  __m512 a[8], b[4], c[2];
+  for (int i = 0; i < 8; ++i)  // blocks [x0+x2, x1+x3, y0+y2, y1+y3] of (x, y) = (v[2i], v[2i+1])
+    a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int i = 0; i < 4; ++i)  // block k: 4 partial sums of v[4i + k]
+    b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  for (int i = 0; i < 2; ++i)  // block k: lanes 0, 2 partials of v[8i + k], lanes 1, 3 of v[8i + 4 + k]
+    c[i] = _mm512_add_ps(_mm512_unpacklo_ps(b[2 * i], b[2 * i + 1]), _mm512_unpackhi_ps(b[2 * i], b[2 * i + 1]));
+  // block k lane j: the sum of v[k + 4j]
+  const __m512 s = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, s);
+}
+
+// out[t] = mul * (q . row_t) for the cnt <= 16 rows of a tile (D % 16 == 0).
+template <typename T>
+static inline void score_tile(const float* q, const T* const* rows, int64_t off, int cnt, int64_t D, float mul,
+                              float* out) {
+  __m512 part[16];
+  for (int t = 0; t < 16; ++t) {
+    if (t < cnt) {
+      const T* r = rows[t] + off;
+      __m512 a = _mm512_mul_ps(_mm512_loadu_ps(q), load16(r));
+      for (int64_t d = 16; d < D; d += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), load16(r + d), a);
+      part[t] = a;
+    } else {
+      part[t] = _mm512_setzero_ps();
+    }
+  }
+  _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << cnt) - 1), _mm512_mul_ps(hsum16(part), _mm512_set1_ps(mul)));
+}
+
+// out[g * D + c * 16 ..] (+)= sum_t p[g * pstride + t] * row_t[c * 16 ..] over the n tokens of a
+// tile, for NG heads and NC 16-wide chunks of the row, the NG x NC accumulators in registers.
+template <typename T, int NG, int NC>
+static void pv_block(const float* p, int64_t pstride, const T* const* rows, int64_t off, int64_t n, float* out,
+                     int64_t D, bool first) {
+  __m512 acc[NG][NC];
+  for (int g = 0; g < NG; ++g)
+    for (int c = 0; c < NC; ++c) acc[g][c] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + g * D + 16 * c);
+  for (int64_t t = 0; t < n; ++t) {
+    const T* r = rows[t] + off;
+    __m512 v[NC];
+    for (int c = 0; c < NC; ++c) v[c] = load16(r + 16 * c);
+    for (int g = 0; g < NG; ++g) {
+      const __m512 pb = _mm512_set1_ps(p[g * pstride + t]);
+      for (int c = 0; c < NC; ++c) acc[g][c] = _mm512_fmadd_ps(pb, v[c], acc[g][c]);
+    }
+  }
+  for (int g = 0; g < NG; ++g)
+    for (int c = 0; c < NC; ++c) _mm512_storeu_ps(out + g * D + 16 * c, acc[g][c]);
+}
+
+template <typename T, int NG>
+static void pv_heads(const float* p, int64_t pstride, const T* const* rows, int64_t off, int64_t n, float* out,
+                     int64_t D, bool first) {
+  for (int64_t c0 = 0; c0 < D; c0 += 64) {
+    switch (std::min<int64_t>(4, (D - c0) / 16)) {
+      case 4: pv_block<T, NG, 4>(p, pstride, rows, off + c0, n, out + c0, D, first); break;
+      case 3: pv_block<T, NG, 3>(p, pstride, rows, off + c0, n, out + c0, D, first); break;
+      case 2: pv_block<T, NG, 2>(p, pstride, rows, off + c0, n, out + c0, D, first); break;
+      default: pv_block<T, NG, 1>(p, pstride, rows, off + c0, n, out + c0, D, first); break;
+    }
+  }
+}
+
+// Prefetch the rows of tokens [t0, t1) (`bytes` from each row's start) into L1.
+template <typename T>
+static inline void prefetch_rows(const T* const* rows, int64_t t0, int64_t t1, int64_t off, int64_t bytes) {
+  for (int64_t t = t0; t < t1; ++t) {
+    const char* f = reinterpret_cast<const char*>(rows[t] + off);
+    for (int64_t l = 0; l < bytes; l += 64) _mm_prefetch(f + l, _MM_HINT_T0);
+  }
+}
+
+// One work item of attend() on AVX-512 (D % 16 == 0): query heads qh [GH, D] (GH = hpi * G, kv
+// head h0 + g / G), token rows `rows` (head h0's K row of each context token; V at + voff).
+template <typename T>
+static void attend_item(const float* qh, float* out, const T* const* rows, int64_t voff, int64_t n, int64_t hpi,
+                        int64_t G, int64_t D, float ksc, float v_mul, float* scores) {
+  // Both passes go 16 tokens (a page, at the default block size) at a time, every head of the
+  // item over one tile while it is in L1, the next tile prefetched: pages sit anywhere in the
+  // cache, and the hardware prefetcher stops at each one.
+  const int64_t GH = hpi * G;
+  const int64_t bytes = hpi * D * static_cast<int64_t>(sizeof(T));  // one token's K (or V) rows
+  for (int64_t t0 = 0; t0 < n; t0 += 16) {
+    const int cnt = static_cast<int>(std::min<int64_t>(16, n - t0));
+    prefetch_rows(rows, t0 + 16, std::min(n, t0 + 32), 0, bytes);
+    for (int64_t hq = 0; hq < GH; ++hq)
+      score_tile(qh + hq * D, rows + t0, (hq / G) * D, cnt, D, ksc, scores + hq * n + t0);
+  }
+  for (int64_t g = 0; g < GH; ++g) {
+    float* sg = scores + g * n;
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t t = 0; t < n; ++t) mx = std::max(mx, sg[t]);
+    const float inv = v_mul / exp_shifted_sum(sg, n, mx);
+    for (int64_t t = 0; t < n; ++t) sg[t] *= inv;
+  }
+  prefetch_rows(rows, 0, std::min<int64_t>(n, 16), voff, bytes);
+  for (int64_t t0 = 0; t0 < n; t0 += 16) {
+    const int64_t cnt = std::min<int64_t>(16, n - t0);
+    prefetch_rows(rows, t0 + 16, std::min(n, t0 + 32), voff, bytes);
+    for (int64_t hh = 0; hh < hpi; ++hh) {
+      for (int64_t g0 = 0; g0 < G; g0 += 4) {
+        const float* p = scores + (hh * G + g0) * n + t0;
+        float* o = out + (hh * G + g0) * D;
+        const int64_t off = voff + hh * D;
+        switch (std::min<int64_t>(4, G - g0)) {
+          case 4: pv_heads<T, 4>(p, n, rows + t0, off, cnt, o, D, t0 == 0); break;
+          case 3: pv_heads<T, 3>(p, n, rows + t0, off, cnt, o, D, t0 == 0); break;
+          case 2: pv_heads<T, 2>(p, n, rows + t0, off, cnt, o, D, t0 == 0); break;
+          default: pv_heads<T, 1>(p, n, rows + t0, off, cnt, o, D, t0 == 0); break;
+        }
+      }
+    }
+  }
+}
+#endif
+
 // Decode attention for B sequences, one query token each. q row b at q + b * q_stride (Hq heads of
 // D), output row b at out + b * out_stride. K/V pages: kc / vc [NB, BS, Hkv, D] (fp32, or fp8
 // codes with k_mul / v_mul their scales). block tables [B, MB] int64, seq_lens [B] (context incl.
@@ -190,6 +335,28 @@ static void attend(const float* q, int64_t q_stride, float* out, int64_t out_str
   // threads (its K/V tokens are then read as whole contiguous rows), else one (sequence, kv head).
   const int64_t hpi = B >= 2 * at::get_num_threads() ? Hkv : 1;  // kv heads per item
   const int64_t GH = G * hpi;  // query heads per item
+#if defined(__AVX512F__)
+  if (D % 16 == 0) {
+    at::parallel_for(0, B * (Hkv / hpi), 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> scores;
+      std::vector<const T*> rows;
+      const int64_t row = Hkv * D;
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t b = i / (Hkv / hpi), h0 = (i % (Hkv / hpi)) * hpi;
+        const int64_t len = sl[b];
+        const int64_t lo = window > 0 ? std::max<int64_t>(0, len - window) : 0;
+        const int64_t n = len - lo;
+        scores.resize(GH * n);
+        rows.resize(n);
+        for (int64_t t = lo; t < len; ++t)
+          rows[t - lo] = kc + (bt[b * MB + t / BS] * BS + t % BS) * row + h0 * D;
+        attend_item<T>(q + b * q_stride + h0 * G * D, out + b * out_stride + h0 * G * D, rows.data(), vc - kc, n,
+                       hpi, G, D, sc * k_mul, v_mul, scores.data());
+      }
+    });
+    return;
+  }
+#endif
   at::parallel_for(0, B * (Hkv / hpi), 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     std::vector<float> acc(GH * D);
@@ -473,7 +640,7 @@ def load():
         if os.environ.get(ENV, "cpp") == "torch":
             _failed = True
             return None
-        key = hashlib.sha256((SOURCE + _cpu_flags() + torch.__version__).encode()).hexdigest()[:16]
+        key = hashlib.sha256((SOURCE + " ".join(CFLAGS) + _cpu_flags() + torch.__version__).encode()).hexdigest()[:16]
         cache = Path(os.environ.get("EDGELLM_CACHE", Path.home() / ".cache" / "edgellm")) / "torch_extensions"
         build = cache / f"edgellm_cpu_native_{key}"
         if shutil.which("ninja") is None:  # the pip package's binary, when its bin dir is not on PATH
@@ -491,7 +658,8 @@ def load():
                 name=f"edgellm_cpu_native_{key}",
                 cpp_sources=[SOURCE],
                 functions=["decode_attention", "decode_layers", "rotate_"],
-                extra_cflags=["-O3", "-march=native"],
+                extra_cflags=CFLAGS,
+                extra_ldflags=["-fopenmp"],
                 build_directory=str(build),
                 verbose=False,
             )
