@@ -109,30 +109,38 @@ static inline const float* kv_row(const uint8_t* p, float* buf, int64_t D) {
   return buf;
 }
 
-// x[i] = exp(x[i] - mx) for i < n (every x[i] <= mx), returning their sum. AVX-512: range reduction
-// by ln 2 (Cody-Waite), a degree-6 Taylor polynomial on |r| <= ln2 / 2 and scalef: within 2 ulp of
-// expf; elsewhere std::exp.
+#if defined(__AVX512F__)
+// exp(v), v clamped to [-87.3, 88.7]: range reduction by ln 2 (Cody-Waite), a degree-6 Taylor
+// polynomial on |r| <= ln2 / 2 and scalef: within 2 ulp of expf.
+static inline __m512 exp512(__m512 v) {
+  const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
+  const __m512 ln2hi = _mm512_set1_ps(0.693359375f), ln2lo = _mm512_set1_ps(-2.12194440e-4f);
+  const __m512 c2 = _mm512_set1_ps(1.f / 2), c3 = _mm512_set1_ps(1.f / 6), c4 = _mm512_set1_ps(1.f / 24);
+  const __m512 c5 = _mm512_set1_ps(1.f / 120), c6 = _mm512_set1_ps(1.f / 720), one = _mm512_set1_ps(1.f);
+  v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.7f));
+  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(v, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(k, ln2hi, v);
+  r = _mm512_fnmadd_ps(k, ln2lo, r);
+  __m512 p = _mm512_fmadd_ps(c6, r, c5);
+  p = _mm512_fmadd_ps(p, r, c4);
+  p = _mm512_fmadd_ps(p, r, c3);
+  p = _mm512_fmadd_ps(p, r, c2);
+  p = _mm512_fmadd_ps(p, r, one);
+  p = _mm512_fmadd_ps(p, r, one);
+  return _mm512_scalef_ps(p, k);
+}
+#endif
+
+// x[i] = exp(x[i] - mx) for i < n (every x[i] <= mx), returning their sum (AVX-512: exp512;
+// elsewhere std::exp).
 static inline float exp_shifted_sum(float* x, int64_t n, float mx) {
   int64_t i = 0;
   float sum = 0.f;
 #if defined(__AVX512F__)
-  const __m512 vmx = _mm512_set1_ps(mx), lo = _mm512_set1_ps(-87.3f), log2e = _mm512_set1_ps(1.44269504088896341f);
-  const __m512 ln2hi = _mm512_set1_ps(0.693359375f), ln2lo = _mm512_set1_ps(-2.12194440e-4f);
-  const __m512 c2 = _mm512_set1_ps(1.f / 2), c3 = _mm512_set1_ps(1.f / 6), c4 = _mm512_set1_ps(1.f / 24);
-  const __m512 c5 = _mm512_set1_ps(1.f / 120), c6 = _mm512_set1_ps(1.f / 720), one = _mm512_set1_ps(1.f);
+  const __m512 vmx = _mm512_set1_ps(mx);
   __m512 vsum = _mm512_setzero_ps();
   for (; i + 16 <= n; i += 16) {
-    __m512 v = _mm512_max_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), vmx), lo);
-    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(v, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(k, ln2hi, v);
-    r = _mm512_fnmadd_ps(k, ln2lo, r);
-    __m512 p = _mm512_fmadd_ps(c6, r, c5);
-    p = _mm512_fmadd_ps(p, r, c4);
-    p = _mm512_fmadd_ps(p, r, c3);
-    p = _mm512_fmadd_ps(p, r, c2);
-    p = _mm512_fmadd_ps(p, r, one);
-    p = _mm512_fmadd_ps(p, r, one);
-    const __m512 e = _mm512_scalef_ps(p, k);
+    const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(x + i), vmx));
     _mm512_storeu_ps(x + i, e);
     vsum = _mm512_add_ps(vsum, e);
   }
@@ -278,47 +286,126 @@ static inline void prefetch_rows(const T* const* rows, int64_t t0, int64_t t1, i
   }
 }
 
-// One work item of attend() on AVX-512 (D % 16 == 0): query heads qh [GH, D] (GH = hpi * G, kv
-// head h0 + g / G), token rows `rows` (head h0's K row of each context token; V at + voff).
+// One work item of attend() on AVX-512 (D % 16 == 0): M sequences ("members") whose first
+// `shared` context tokens are the same cached pages (M = 1, shared = 0: one sequence). Member m has
+// query heads qh[m] [GH, D] (GH = hpi * G, kv head h0 + g / G), n[m] context tokens with rows[m][t]
+// pointing at head h0's K row of token t (V at + voff), output out[m] and scores[m] [GH, n[m]].
+// Both passes go 16 tokens (a page, at the default block size) at a time, every head of the item
+// over one tile while it is in L1, the next tile prefetched (pages sit anywhere in the cache and
+// the hardware prefetcher stops at each one); a shared tile serves every member before the next
+// is read, so a cached system prompt is read from memory once per item, not once per sequence.
+// Each member's sums run in the same order either way.
 template <typename T>
-static void attend_item(const float* qh, float* out, const T* const* rows, int64_t voff, int64_t n, int64_t hpi,
-                        int64_t G, int64_t D, float ksc, float v_mul, float* scores) {
-  // Both passes go 16 tokens (a page, at the default block size) at a time, every head of the
-  // item over one tile while it is in L1, the next tile prefetched: pages sit anywhere in the
-  // cache, and the hardware prefetcher stops at each one.
+static void attend_members(const float* const* qh, float* const* out, const T* const* const* rows, const int64_t* n,
+                           int64_t M, int64_t shared, int64_t voff, int64_t hpi, int64_t G, int64_t D, float ksc,
+                           float v_mul, float* const* scores) {
   const int64_t GH = hpi * G;
   const int64_t bytes = hpi * D * static_cast<int64_t>(sizeof(T));  // one token's K (or V) rows
-  for (int64_t t0 = 0; t0 < n; t0 += 16) {
-    const int cnt = static_cast<int>(std::min<int64_t>(16, n - t0));
-    prefetch_rows(rows, t0 + 16, std::min(n, t0 + 32), 0, bytes);
+  shared -= shared % 16;  // whole tiles
+  auto score_tiles = [&](int64_t m, int64_t t0) {
+    const int cnt = static_cast<int>(std::min<int64_t>(16, n[m] - t0));
     for (int64_t hq = 0; hq < GH; ++hq)
-      score_tile(qh + hq * D, rows + t0, (hq / G) * D, cnt, D, ksc, scores + hq * n + t0);
-  }
-  for (int64_t g = 0; g < GH; ++g) {
-    float* sg = scores + g * n;
-    float mx = -std::numeric_limits<float>::infinity();
-    for (int64_t t = 0; t < n; ++t) mx = std::max(mx, sg[t]);
-    const float inv = v_mul / exp_shifted_sum(sg, n, mx);
-    for (int64_t t = 0; t < n; ++t) sg[t] *= inv;
-  }
-  prefetch_rows(rows, 0, std::min<int64_t>(n, 16), voff, bytes);
-  for (int64_t t0 = 0; t0 < n; t0 += 16) {
-    const int64_t cnt = std::min<int64_t>(16, n - t0);
-    prefetch_rows(rows, t0 + 16, std::min(n, t0 + 32), voff, bytes);
+      score_tile(qh[m] + hq * D, rows[m] + t0, (hq / G) * D, cnt, D, ksc, scores[m] + hq * n[m] + t0);
+  };
+  auto pv_tiles = [&](int64_t m, int64_t t0) {
+    const int64_t cnt = std::min<int64_t>(16, n[m] - t0);
     for (int64_t hh = 0; hh < hpi; ++hh) {
       for (int64_t g0 = 0; g0 < G; g0 += 4) {
-        const float* p = scores + (hh * G + g0) * n + t0;
-        float* o = out + (hh * G + g0) * D;
+        const float* p = scores[m] + (hh * G + g0) * n[m] + t0;
+        float* o = out[m] + (hh * G + g0) * D;
         const int64_t off = voff + hh * D;
         switch (std::min<int64_t>(4, G - g0)) {
-          case 4: pv_heads<T, 4>(p, n, rows + t0, off, cnt, o, D, t0 == 0); break;
-          case 3: pv_heads<T, 3>(p, n, rows + t0, off, cnt, o, D, t0 == 0); break;
-          case 2: pv_heads<T, 2>(p, n, rows + t0, off, cnt, o, D, t0 == 0); break;
-          default: pv_heads<T, 1>(p, n, rows + t0, off, cnt, o, D, t0 == 0); break;
+          case 4: pv_heads<T, 4>(p, n[m], rows[m] + t0, off, cnt, o, D, t0 == 0); break;
+          case 3: pv_heads<T, 3>(p, n[m], rows[m] + t0, off, cnt, o, D, t0 == 0); break;
+          case 2: pv_heads<T, 2>(p, n[m], rows[m] + t0, off, cnt, o, D, t0 == 0); break;
+          default: pv_heads<T, 1>(p, n[m], rows[m] + t0, off, cnt, o, D, t0 == 0); break;
         }
       }
     }
+  };
+  for (int64_t t0 = 0; t0 < shared; t0 += 16) {
+    prefetch_rows(rows[0], t0 + 16, std::min(shared, t0 + 32), 0, bytes);
+    for (int64_t m = 0; m < M; ++m) score_tiles(m, t0);
   }
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t t0 = shared; t0 < n[m]; t0 += 16) {
+      prefetch_rows(rows[m], t0 + 16, std::min(n[m], t0 + 32), 0, bytes);
+      score_tiles(m, t0);
+    }
+    for (int64_t g = 0; g < GH; ++g) {
+      float* sg = scores[m] + g * n[m];
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t t = 0; t < n[m]; ++t) mx = std::max(mx, sg[t]);
+      const float inv = v_mul / exp_shifted_sum(sg, n[m], mx);
+      for (int64_t t = 0; t < n[m]; ++t) sg[t] *= inv;
+    }
+  }
+  prefetch_rows(rows[0], 0, std::min<int64_t>(n[0], 16), voff, bytes);
+  for (int64_t t0 = 0; t0 < shared; t0 += 16) {
+    prefetch_rows(rows[0], t0 + 16, std::min(shared, t0 + 32), voff, bytes);
+    for (int64_t m = 0; m < M; ++m) pv_tiles(m, t0);
+  }
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t t0 = shared; t0 < n[m]; t0 += 16) {
+      prefetch_rows(rows[m], t0 + 16, std::min(n[m], t0 + 32), voff, bytes);
+      pv_tiles(m, t0);
+    }
+  }
+}
+
+// Work items of attend(): sequences that share at least kMinShared leading context tokens as the
+// same pages (a cached system prompt) go together, one kv head per item, split into enough
+// member chunks for the threads; the rest one sequence each (with all its kv heads when there are
+// enough sequences for the threads: its K/V tokens are then read as whole contiguous rows).
+struct AttnItem {
+  std::vector<int64_t> members;
+  int64_t h0, hpi, shared;
+};
+
+static std::vector<AttnItem> attn_items(const int64_t* bt, int64_t MB, const int64_t* sl, int64_t B, int64_t BS,
+                                        int64_t Hkv, int64_t window) {
+  constexpr int64_t kMinShared = 64;
+  const int64_t nth = at::get_num_threads();
+  std::vector<std::vector<int64_t>> groups;
+  std::vector<int64_t> group_shared;
+  std::vector<int64_t> single;
+  std::vector<bool> done(B, false);
+  for (int64_t b = 0; b < B; ++b) {
+    if (done[b]) continue;
+    std::vector<int64_t> g{b};
+    int64_t blocks = MB;
+    for (int64_t c = b + 1; c < B && window <= 0; ++c) {
+      if (done[c] || bt[c * MB] != bt[b * MB]) continue;
+      const int64_t full = std::min(sl[b], sl[c]) / BS;  // blocks wholly inside both contexts
+      int64_t j = 0;
+      while (j < full && bt[c * MB + j] == bt[b * MB + j]) ++j;
+      if (j * BS < kMinShared) continue;
+      g.push_back(c);
+      blocks = std::min(blocks, j);
+    }
+    if (g.size() < 2) {
+      single.push_back(b);
+      continue;
+    }
+    for (int64_t c : g) done[c] = true;
+    groups.push_back(g);
+    group_shared.push_back(blocks * BS);
+  }
+  std::vector<AttnItem> items;
+  const int64_t hpi = static_cast<int64_t>(single.size()) >= 2 * nth ? Hkv : 1;
+  for (int64_t b : single)
+    for (int64_t h0 = 0; h0 < Hkv; h0 += hpi) items.push_back({{b}, h0, hpi, 0});
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const int64_t M = static_cast<int64_t>(groups[i].size());
+    const int64_t want = (2 * nth + Hkv * static_cast<int64_t>(groups.size()) - 1) /
+                         (Hkv * static_cast<int64_t>(groups.size()));
+    const int64_t chunks = std::max<int64_t>(1, std::min(M, want));
+    for (int64_t c = 0; c < chunks; ++c) {
+      std::vector<int64_t> part(groups[i].begin() + c * M / chunks, groups[i].begin() + (c + 1) * M / chunks);
+      for (int64_t h0 = 0; h0 < Hkv; ++h0) items.push_back({part, h0, 1, group_shared[i]});
+    }
+  }
+  return items;
 }
 #endif
 
@@ -337,21 +424,36 @@ static void attend(const float* q, int64_t q_stride, float* out, int64_t out_str
   const int64_t GH = G * hpi;  // query heads per item
 #if defined(__AVX512F__)
   if (D % 16 == 0) {
-    at::parallel_for(0, B * (Hkv / hpi), 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> scores;
-      std::vector<const T*> rows;
+    const std::vector<AttnItem> items = attn_items(bt, MB, sl, B, BS, Hkv, window);
+    at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
+      std::vector<std::vector<float>> scores;
+      std::vector<std::vector<const T*>> rows;
+      std::vector<const float*> qh;
+      std::vector<float*> oh, sp;
+      std::vector<const T* const*> rp;
+      std::vector<int64_t> n;
       const int64_t row = Hkv * D;
       for (int64_t i = begin; i < end; ++i) {
-        const int64_t b = i / (Hkv / hpi), h0 = (i % (Hkv / hpi)) * hpi;
-        const int64_t len = sl[b];
-        const int64_t lo = window > 0 ? std::max<int64_t>(0, len - window) : 0;
-        const int64_t n = len - lo;
-        scores.resize(GH * n);
-        rows.resize(n);
-        for (int64_t t = lo; t < len; ++t)
-          rows[t - lo] = kc + (bt[b * MB + t / BS] * BS + t % BS) * row + h0 * D;
-        attend_item<T>(q + b * q_stride + h0 * G * D, out + b * out_stride + h0 * G * D, rows.data(), vc - kc, n,
-                       hpi, G, D, sc * k_mul, v_mul, scores.data());
+        const AttnItem& it = items[i];
+        const int64_t M = static_cast<int64_t>(it.members.size());
+        scores.resize(M);
+        rows.resize(M);
+        qh.resize(M), oh.resize(M), sp.resize(M), rp.resize(M), n.resize(M);
+        for (int64_t m = 0; m < M; ++m) {
+          const int64_t b = it.members[m], len = sl[b];
+          const int64_t lo = window > 0 ? std::max<int64_t>(0, len - window) : 0;
+          n[m] = len - lo;
+          scores[m].resize(it.hpi * G * n[m]);
+          rows[m].resize(n[m]);
+          for (int64_t t = lo; t < len; ++t)
+            rows[m][t - lo] = kc + (bt[b * MB + t / BS] * BS + t % BS) * row + it.h0 * D;
+          qh[m] = q + b * q_stride + it.h0 * G * D;
+          oh[m] = out + b * out_stride + it.h0 * G * D;
+          sp[m] = scores[m].data();
+          rp[m] = rows[m].data();
+        }
+        attend_members<T>(qh.data(), oh.data(), rp.data(), n.data(), M, it.shared, vc - kc, it.hpi, G, D,
+                          sc * k_mul, v_mul, sp.data());
       }
     });
     return;
@@ -520,6 +622,49 @@ torch::Tensor rotate_(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, int
   return x;
 }
 
+// silu(gate) * up for gu [T, 2 I] (gate | up per row; bf16 or fp32, rows contiguous) -> [T, I] bf16,
+// computed in fp32 and rounded once to bf16 (nearest even). The MLP of prefill-sized steps in
+// CPU fast mode: torch's bf16 silu and mul are two passes, each widening to fp32 and rounding.
+torch::Tensor silu_mul(torch::Tensor gu) {
+  TORCH_CHECK(gu.dim() == 2 && gu.size(1) % 2 == 0 && gu.stride(1) == 1, "gu: [T, 2 I], rows contiguous");
+  TORCH_CHECK(gu.scalar_type() == at::kBFloat16 || gu.scalar_type() == at::kFloat, "gu: bf16 or fp32");
+  const int64_t T = gu.size(0), I = gu.size(1) / 2, rs = gu.stride(0);
+  auto out = torch::empty({T, I}, gu.options().dtype(at::kBFloat16));
+  pybind11::gil_scoped_release no_gil;
+  const bool bf = gu.scalar_type() == at::kBFloat16;
+  const c10::BFloat16* gb = bf ? gu.data_ptr<c10::BFloat16>() : nullptr;
+  const float* gf = bf ? nullptr : gu.data_ptr<float>();
+  c10::BFloat16* op = out.data_ptr<c10::BFloat16>();
+  at::parallel_for(0, T, 8, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      int64_t i = 0;
+#if defined(__AVX512BF16__)
+      for (; i + 16 <= I; i += 16) {
+        __m512 g, u;
+        if (bf) {
+          const __m256i gr = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + t * rs + i));
+          const __m256i ur = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + t * rs + I + i));
+          g = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(gr), 16));
+          u = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(ur), 16));
+        } else {
+          g = _mm512_loadu_ps(gf + t * rs + i);
+          u = _mm512_loadu_ps(gf + t * rs + I + i);
+        }
+        const __m512 sig = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+        const __m256bh y = _mm512_cvtneps_pbh(_mm512_mul_ps(sig, u));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(op + t * I + i), (__m256i)y);
+      }
+#endif
+      for (; i < I; ++i) {
+        const float g = bf ? static_cast<float>(gb[t * rs + i]) : gf[t * rs + i];
+        const float u = bf ? static_cast<float>(gb[t * rs + I + i]) : gf[t * rs + I + i];
+        op[t * I + i] = c10::BFloat16(g / (1.f + std::exp(-g)) * u);
+      }
+    }
+  });
+  return out;
+}
+
 constexpr int64_t PER_LAYER = 19;  // tensors per layer, see decode_layers
 
 // One decode-only step through all layers. x [B, H] fp32 (embeddings in, hidden states out, updated
@@ -657,7 +802,7 @@ def load():
             _module = load_inline(
                 name=f"edgellm_cpu_native_{key}",
                 cpp_sources=[SOURCE],
-                functions=["decode_attention", "decode_layers", "rotate_"],
+                functions=["decode_attention", "decode_layers", "rotate_", "silu_mul"],
                 extra_cflags=CFLAGS,
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(build),
@@ -694,6 +839,14 @@ def decode_attention(
         raise RuntimeError("the C++ CPU kernels are not available")
     return module.decode_attention(query.contiguous(), kv_cache, block_tables, seq_lens, float(scale),
                                    int(sliding_window or 0))
+
+
+def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for gu [T, 2 * I] (bf16 or fp32) -> [T, I] bf16, rounded once."""
+    module = load()
+    if module is None:
+        raise RuntimeError("the C++ CPU kernels are not available")
+    return module.silu_mul(gu)
 
 
 def rotate_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:

@@ -207,6 +207,30 @@ def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     return out[0], out[1].float()
 
 
+def _suffixes_batched(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: list[int], dtype: torch.dtype,
+                      scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal attention of each chunk to its own tokens (q [Nq, Hq, D], k/v [Nq, Hkv, D], chunks of
+    `lens` rows back to back) in one flash call over [chunks, H, longest, D], padded at the end:
+    (output [Nq, Hq, D], logsumexp [Nq, Hq] fp32)."""
+    n, lmax = len(lens), max(lens)
+    pos = None
+    if any(n_ != lmax for n_ in lens):
+        pos = torch.cat([torch.arange(j * lmax, j * lmax + n_) for j, n_ in enumerate(lens)])
+
+    def pad(t: torch.Tensor) -> torch.Tensor:  # [Nq, H, D] -> [chunks, H, longest, D]
+        t = t.to(dtype)
+        if pos is not None:
+            t = t.new_zeros(n * lmax, *t.shape[1:]).index_copy_(0, pos, t)
+        return t.view(n, lmax, *t.shape[1:]).transpose(1, 2)
+
+    o, lse = _flash(pad(q), pad(k), pad(v), None, scale, causal=True)
+    o = o.transpose(1, 2).reshape(n * lmax, q.shape[1], q.shape[2])  # [chunks * longest, Hq, D]
+    lse = lse.transpose(1, 2).reshape(n * lmax, q.shape[1])
+    if pos is not None:
+        o, lse = o.index_select(0, pos), lse.index_select(0, pos)
+    return o, lse
+
+
 def _cascade_prefill(query, key, value, kv_cache, block_tables, seq_lens, query_start_loc, first, scale,
                      k_scale, v_scale, dtype, step_cache, out) -> int:
     """Prefill chunks [first, B) through shared-prefix attention when at least two share a cached
@@ -226,30 +250,37 @@ def _cascade_prefill(query, key, value, kv_cache, block_tables, seq_lens, query_
     if prefix < CASCADE_MIN_PREFIX:
         return first
     qs, qe = query_start_loc[first], query_start_loc[-1]
-    q_all = query[qs:qe].transpose(0, 1).unsqueeze(0).to(dtype)  # [1, Hq, Nq, D]
+    n_q, hq, d = qe - qs, query.shape[1], query.shape[2]
+    hkv = key.shape[1]
+    q_tok = query[qs:qe].to(dtype)  # [Nq, Hq, D]
+    q_all = q_tok.transpose(0, 1).contiguous()  # [Hq, Nq, D]
     kp, vp = _gather_kv(kv_cache, block_tables[first : first + 1], prefix, dtype, k_scale, v_scale)
-    o1, lse1 = _flash(q_all, kp, vp, None, scale)
-    o2 = torch.empty_like(o1)
-    lse2 = torch.empty_like(lse1)
-    for i in range(first, len(seq_lens)):
-        start, end = query_start_loc[i], query_start_loc[i + 1]
-        q_len, ctx = end - start, seq_lens[i]
-        rows = slice(start - qs, end - qs)
-        if ctx - q_len == prefix and kv_cache.dtype != torch.float8_e4m3fn:
-            # the suffix is exactly this step's tokens: no gather, plain causal
-            k2 = key[start:end].transpose(0, 1).unsqueeze(0).to(dtype)
-            v2 = value[start:end].transpose(0, 1).unsqueeze(0).to(dtype)
-            mask = None
-        else:
+    # GQA folded into the rows: each kv head's G query heads as G * Nq rows (no K/V repeat)
+    o1, lse1 = _flash(q_all.view(1, hkv, -1, d), kp, vp, None, scale)
+    o1 = o1.reshape(hq, n_q, d).transpose(0, 1)  # [Nq, Hq, D]
+    lse1 = lse1.reshape(hq, n_q).t()
+    lens = [query_start_loc[i + 1] - query_start_loc[i] for i in range(first, len(seq_lens))]
+    if kv_cache.dtype != torch.float8_e4m3fn and all(
+            seq_lens[first + j] - n == prefix for j, n in enumerate(lens)):
+        # every suffix is exactly this step's tokens: all chunks in one causal call, padded to
+        # the longest (a padded key sits after every real query of its chunk: never seen)
+        o2, lse2 = _suffixes_batched(q_tok, key[qs:qe], value[qs:qe], lens, dtype, scale)
+    else:
+        o2 = torch.empty_like(o1)
+        lse2 = torch.empty_like(lse1)
+        for i in range(first, len(seq_lens)):
+            start, end = query_start_loc[i], query_start_loc[i + 1]
+            q_len, ctx = end - start, seq_lens[i]
+            rows = slice(start - qs, end - qs)
             k2, v2 = _gather_kv(kv_cache, block_tables[i : i + 1, shared:], ctx - prefix, dtype, k_scale, v_scale)
             q_pos = torch.arange(ctx - q_len, ctx)[:, None]
             kv_pos = torch.arange(prefix, ctx)[None, :]
             mask = torch.zeros(q_len, ctx - prefix, dtype=dtype).masked_fill_(kv_pos > q_pos, float("-inf"))
-            mask = mask[None, None]
-        o2[:, :, rows], lse2[:, :, rows] = _flash(q_all[:, :, rows], k2, v2, mask, scale, causal=mask is None)
+            o, lse = _flash(q_all[None, :, rows], k2, v2, mask[None, None], scale)
+            o2[rows], lse2[rows] = o[0].transpose(0, 1), lse[0].t()
     lse = torch.logaddexp(lse1, lse2)
-    o = o1.float().mul_((lse1 - lse).exp_()[..., None]).add_(o2.float().mul_((lse2 - lse).exp_()[..., None]))
-    out[qs:qe] = o.squeeze(0).transpose(0, 1)
+    w1, w2 = (lse1 - lse).exp_().unsqueeze(-1), (lse2 - lse).exp_().unsqueeze(-1)
+    out[qs:qe] = torch.addcmul(o2.float().mul_(w2), o1.float(), w1)
     return len(seq_lens)
 
 

@@ -86,11 +86,28 @@ def unpack_bf16(weight: torch.Tensor) -> torch.Tensor:
     return weight.to_dense() if weight.is_mkldnn else weight
 
 
+def row_bucket(rows: int) -> int:
+    """The row count a oneDNN matmul of `rows` rows runs at. oneDNN builds (JIT-compiles) a
+    primitive per shape, ~2-4 ms each, so a server whose steps have ever-new row counts would pay
+    ~10 ms per step; padded to these buckets the shapes stay few (~90 up to 8192 rows, inside
+    oneDNN's primitive cache of 1024) at a padding cost under 1/4 of the rows (1/16 past 256)."""
+    for limit, step in ((32, 1), (256, 16), (1024, 64)):
+        if rows <= limit:
+            return -(-rows // step) * step
+    return -(-rows // 256) * 256
+
+
 def bf16_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [..., K] bf16 times a pack_bf16 weight: bf16 out, fp32 accumulation either way."""
-    if weight.is_mkldnn:
-        return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
-    return F.linear(x, weight)
+    if not weight.is_mkldnn:
+        return F.linear(x, weight)
+    x2 = x.reshape(-1, x.shape[-1])
+    rows = x2.shape[0]
+    padded = row_bucket(rows)
+    if padded != rows:
+        x2 = F.pad(x2, (0, 0, 0, padded - rows))
+    y = torch.ops.mkldnn._linear_pointwise(x2, weight, None, "none", [], "")
+    return y[:rows].reshape(*x.shape[:-1], y.shape[-1])
 
 
 def _reserve_dense(nbytes: int) -> bool:
@@ -220,6 +237,32 @@ class CpuInt4Kernel:
         if bias is not None:
             y = y + bias
         return y.reshape(*x.shape[:-1], self.n)
+
+
+def warm_matmul_shapes(model: nn.Module, max_rows: int, decode_rows: int) -> int:
+    """Build oneDNN's primitives for every oneDNN-blocked bf16 weight of `model` (and its fast
+    logits head) at every row bucket up to `max_rows` (a step's token budget) and at every exact
+    row count up to `decode_rows` (the fused C++ decode passes its batch unpadded), so that no
+    request pays for one. A server does this once at start-up (about 1 s for SmolLM2-135M at the
+    default budgets). Returns the number of matmuls run."""
+    weights: dict[tuple[int, int], torch.Tensor] = {}
+    for module in model.modules():
+        kernel = getattr(module, "kernel", None)
+        if isinstance(kernel, CpuInt4Kernel) and kernel.dense_weight is not None and kernel.dense_weight.is_mkldnn:
+            weights.setdefault((kernel.n, kernel.k), kernel.dense_weight)
+    head = getattr(model, "fast_logits", None)
+    heads = [head.bf16] if head is not None and head.bf16.is_mkldnn else []
+    layer_rows = sorted({row_bucket(r) for r in range(GEMV_MAX_ROWS + 1, max_rows + 1)}
+                        | set(range(GEMV_MAX_ROWS + 1, decode_rows + 1)))
+    head_rows = sorted({row_bucket(r) for r in range(CpuFastLogitsHead.INT8_MAX_ROWS + 1, decode_rows + 1)})
+    runs = 0
+    with torch.inference_mode():
+        for w, rows in [(w, layer_rows) for w in weights.values()] + [(w, head_rows) for w in heads]:
+            for r in rows:
+                torch.ops.mkldnn._linear_pointwise(torch.zeros(r, w.shape[1], dtype=torch.bfloat16), w, None,
+                                                   "none", [], "")
+                runs += 1
+    return runs
 
 
 def _compact(t: torch.Tensor) -> torch.Tensor:

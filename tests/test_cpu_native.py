@@ -42,6 +42,42 @@ def test_decode_matches_the_reference(built, hq, hkv, d, window):
         assert torch.equal(via, got)
 
 
+@pytest.mark.parametrize("hq,hkv,d,bs,window", [(9, 3, 64, 16, None), (4, 2, 32, 8, None), (14, 2, 64, 16, 50),
+                                                 (8, 8, 96, 4, None)])
+def test_decode_over_a_shared_cached_prefix(built, hq, hkv, d, bs, window):
+    """Sequences whose leading pages are the same cached blocks (a system prompt) read each shared
+    tile once for all of them: two such groups of different prefix lengths, a sequence that shares
+    only a first block (under the 64-token minimum) and one that shares nothing, on fresh random
+    caches against the torch reference."""
+    g = torch.Generator().manual_seed(hq * 10 + bs)
+    nb = 400
+    cache = torch.randn(2, nb, bs, hkv, d, generator=g)
+    ids = torch.randperm(nb, generator=g).tolist()
+    prefix_a, prefix_b = ids[:160 // bs], ids[160 // bs: 160 // bs + 96 // bs]  # 160 and 96 tokens
+    rest = iter(ids[160 // bs + 96 // bs:])
+    heads = [prefix_a] * 5 + [prefix_b] * 3 + [prefix_a[:1], []]
+    own = [1, 3, 2, 5, 1, 2, 4, 1, 6, 7]  # own blocks per sequence
+    tables, lens = [], []
+    for i, (head, n) in enumerate(zip(heads, own)):
+        blocks = head + [next(rest) for _ in range(n)]
+        tables.append(blocks)
+        lens.append(len(head) * bs + (n - 1) * bs + 1 + (i * 7) % bs)
+    width = max(len(t) for t in tables)
+    tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+    b = len(lens)
+    q = torch.randn(b, hq, d, generator=g)
+    scale = d ** -0.5
+    want = paged_attention_ref(q, q[:, :hkv], q[:, :hkv], cache, tables, lens, list(range(b + 1)), b,
+                               scale, window)
+    got = cpu_native.decode_attention(q, cache, tables.long(), torch.tensor(lens), scale, window)
+    assert (got - want).abs().max().item() < 1e-5
+    # each sequence's result does not depend on who shares its prefix: alone, it is the same
+    for i in (0, 6, 9):
+        alone = cpu_native.decode_attention(q[i:i + 1], cache, tables[i:i + 1].long(), torch.tensor(lens[i:i + 1]),
+                                            scale, window)
+        assert torch.equal(alone, got[i:i + 1])
+
+
 def test_mixed_step_prefill_rows_stay_on_the_reference(built):
     g = torch.Generator().manual_seed(5)
     nb, bs, hq, hkv, d = 20, 16, 6, 2, 32
@@ -318,16 +354,18 @@ def test_shared_prefix_cascade_prefill():
     assert pa._shared_prefix_blocks(tables[:, :3], [40, 40, 40], [0, 4, 8, 12], 0, bs) == 0
 
 
-def test_cascade_when_the_suffix_is_this_steps_tokens():
+@pytest.mark.parametrize("qlens,hq,hkv", [([25, 9], 4, 2), ([13, 13, 13], 9, 3)])
+def test_cascade_when_the_suffix_is_this_steps_tokens(qlens, hq, hkv):
     """The usual voice case: every chunk's cached part is exactly the shared prefix, so its suffix
-    is this step's own keys and values (read from the arguments, plain causal)."""
+    is this step's own keys and values (read from the arguments; all chunks in one causal call,
+    padded to the longest when their lengths differ)."""
     g = torch.Generator().manual_seed(6)
-    nb, bs, hq, hkv, d = 30, 16, 4, 2, 32
+    nb, bs, d = 30, 16, 32
     cache = torch.zeros(2, nb, bs, hkv, d)
     flat = cache.view(2, -1, hkv, d)
     flat[:, : 6 * bs] = torch.randn(2, 6 * bs, hkv, d, generator=g)  # 96 shared tokens, blocks 0..5
-    tables = torch.tensor([[0, 1, 2, 3, 4, 5, 10, 11], [0, 1, 2, 3, 4, 5, 20, 0]], dtype=torch.int32)
-    qlens = [25, 9]
+    tables = torch.tensor([[0, 1, 2, 3, 4, 5, 10, 11], [0, 1, 2, 3, 4, 5, 20, 0], [0, 1, 2, 3, 4, 5, 22, 0]],
+                          dtype=torch.int32)[: len(qlens)]
     lens = [96 + n for n in qlens]
     keys, values = [], []
     for i, n in enumerate(qlens):
@@ -338,7 +376,8 @@ def test_cascade_when_the_suffix_is_this_steps_tokens():
         values.append(vv)
     k, v = torch.cat(keys), torch.cat(values)
     q = torch.randn(sum(qlens), hq, d, generator=g)
-    args = (q, k, v, cache, tables, lens, [0, 25, 34], 0, d ** -0.5)
+    starts = [sum(qlens[:i]) for i in range(len(qlens) + 1)]
+    args = (q, k, v, cache, tables, lens, starts, 0, d ** -0.5)
     want = paged_attention_ref(*args)
     step: dict = {}
     got = paged_attention_ref(*args, step_cache=step, prefill_dtype=torch.float32)

@@ -570,3 +570,16 @@ def test_bench_against_the_server(server, tmp_path):
         assert 0 < r["ttft_ms"]["median"] <= r["e2e_ms"]["median"]
         assert r["goodput"]["requests"] == 6
     assert png.stat().st_size > 10_000
+
+
+def test_bench_stops_when_the_initial_test_request_fails(server):
+    """Like `vllm bench serve`, one unmeasured request goes first; when it fails the benchmark
+    says so and stops instead of timing errors."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "edgellm.cli", "bench", "--base-url", server.url, "--model", "no-such-model",
+         "--num-prompts", "3", "--input-len", "8", "--output-len", "2", "--no-progress"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 1
+    assert "initial test request failed" in proc.stderr and "404" in proc.stderr
+    assert "Time to First Token" not in proc.stdout

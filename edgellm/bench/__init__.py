@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,9 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--json", dest="json_out", default=None, help="write results here")
     p.add_argument("--plot", default=None, help="write a PNG with TTFT/ITL CDFs (and the sweep)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--skip-initial-test", dest="initial_test", action="store_false",
+                   help="skip the unmeasured first request (it checks the endpoint and, for --dataset "
+                        "voice, puts the system prompt in the server's prompt cache)")
     p.set_defaults(func=run_bench)
     return p
 
@@ -100,6 +104,12 @@ def run_bench(args: argparse.Namespace) -> int:
     levels: list[int | None] = (
         [int(x) for x in args.sweep.split(",") if x.strip()] if args.sweep else [args.max_concurrency]
     )
+    if args.initial_test:  # as `vllm bench serve`: one request first, not measured
+        first, _ = asyncio.run(run_load(target, requests[:1], 1, duration=args.timeout))
+        if not first or not first[0].ok:
+            print("edgellm bench: the initial test request failed: " + (first[0].error if first else "no answer")
+                  + " (check --base-url, --model and the server's log)", file=sys.stderr)
+            return 1
     runs = []
     for level in levels:
         label = f"concurrency={level}" if level else f"rate={args.request_rate}"

@@ -50,6 +50,19 @@ class _Stream:
         self.finished = False
 
 
+def warm_matmuls(engine: LLMEngine) -> None:
+    """CPU fast mode: build oneDNN's matmul primitives for every step size now rather than in the
+    first requests of each size (quant/backends.warm_matmul_shapes)."""
+    from edgellm.quant.backends import PACKED_BF16, warm_matmul_shapes
+
+    if not PACKED_BF16 or not str(engine.config.device).startswith("cpu"):
+        return
+    t0 = time.perf_counter()
+    runs = warm_matmul_shapes(engine.runner.model, engine.config.max_num_batched_tokens, engine.config.max_num_seqs)
+    if runs:
+        logger.info("built %d matmul shapes in %.1f s", runs, time.perf_counter() - t0)
+
+
 class AsyncEngine:
     def __init__(self, engine: LLMEngine | EngineConfig) -> None:
         """Given a config, the engine is built on the engine thread itself: torch's CPU kernels
@@ -75,6 +88,7 @@ class AsyncEngine:
         def build_then_loop() -> None:
             try:
                 self.engine = LLMEngine(engine)
+                warm_matmuls(self.engine)  # on this thread too, for the same reason
             except BaseException as exc:  # handed to the constructor's caller
                 failure.append(exc)
                 return

@@ -93,12 +93,16 @@ class MLP(nn.Module):
         )
 
     bf16_intermediate = False  # CPU fast mode with int4 kernels on both linears: set by the loader
+    native_silu_mul = False  # ... and the C++ kernels built
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.bf16_intermediate and x.shape[0] > 1:
             # the down projection rounds its input to bf16 anyway: keep gate/up and SiLU in bf16
             # instead of widening [T, 2 * intermediate] to fp32 and back (prefill-sized steps)
-            gate, up = self.gate_up_proj(x.to(torch.bfloat16)).split(self.intermediate_size, dim=-1)
+            gu = self.gate_up_proj(x.to(torch.bfloat16))
+            if self.native_silu_mul:  # one pass, one rounding (kernels/cpu_native.silu_mul)
+                return self.down_proj(cpu_native.silu_mul(gu.reshape(-1, gu.shape[-1]))).to(x.dtype)
+            gate, up = gu.split(self.intermediate_size, dim=-1)
             return self.down_proj(F.silu(gate) * up).to(x.dtype)
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up)
