@@ -207,8 +207,8 @@ def load_model(
 def _use_cpu_paths(model: CausalLM, scheme: QuantScheme, cfg: ModelConfig) -> None:
     """An fp32 model on CPU: C++ decode attention and decode-only steps through all layers in one
     call (fp32 math, both modes); in "fast" mode also the int8 / bf16 logits head, bf16 prefill
-    attention, rotary in C++ and a bf16 MLP intermediate (SiLU-and-mul in C++) where both MLP
-    linears are int4."""
+    attention, rotary and RMSNorm in C++ and a bf16 MLP intermediate (SiLU-and-mul in C++) where
+    both MLP linears are int4."""
     from edgellm.kernels import cpu_native
     from edgellm.models.fused_decode import FusedDecode
     from edgellm.quant.backends import CpuInt4Kernel
@@ -226,6 +226,9 @@ def _use_cpu_paths(model: CausalLM, scheme: QuantScheme, cfg: ModelConfig) -> No
             mlp.bf16_intermediate = all(isinstance(getattr(m, "kernel", None), CpuInt4Kernel) and m.bias is None
                                         for m in (mlp.gate_up_proj, mlp.down_proj))
             mlp.native_silu_mul = native and mlp.bf16_intermediate
+            layer.input_layernorm.native = layer.post_attention_layernorm.native = native
+    if fast:
+        model.model.norm.native = native
     model.model.fused = FusedDecode.build(model.model)
 
 

@@ -665,6 +665,52 @@ torch::Tensor silu_mul(torch::Tensor gu) {
   return out;
 }
 
+// RMSNorm of x [T, H] fp32 (rows contiguous) with weight w [H] fp32 -> [T, H] fp32, rows spread
+// over the threads. torch's CPU rms_norm is six passes (pow, mean, add, rsqrt, two muls): on a
+// 2528 x 576 prefill step 0.77 ms, this ~0.1 ms. Summed in another order than torch: ~1e-7.
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.stride(1) == 1, "x: [T, H] fp32, rows contiguous");
+  TORCH_CHECK(w.scalar_type() == at::kFloat && w.is_contiguous() && w.numel() == x.size(1), "w: [H] fp32");
+  const int64_t T = x.size(0), H = x.size(1), rs = x.stride(0);
+  auto out = torch::empty({T, H}, x.options());
+  pybind11::gil_scoped_release no_gil;
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const float e = static_cast<float>(eps);
+  at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* r = xp + t * rs;
+      float* o = op + t * H;
+      int64_t i = 0;
+      float ss = 0.f;
+#if defined(__AVX512F__)
+      __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+      for (; i + 32 <= H; i += 32) {
+        const __m512 u = _mm512_loadu_ps(r + i), v = _mm512_loadu_ps(r + i + 16);
+        a0 = _mm512_fmadd_ps(u, u, a0);
+        a1 = _mm512_fmadd_ps(v, v, a1);
+      }
+      for (; i + 16 <= H; i += 16) {
+        const __m512 u = _mm512_loadu_ps(r + i);
+        a0 = _mm512_fmadd_ps(u, u, a0);
+      }
+      ss = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+#endif
+      for (; i < H; ++i) ss += r[i] * r[i];
+      const float k = 1.f / std::sqrt(ss / static_cast<float>(H) + e);
+      i = 0;
+#if defined(__AVX512F__)
+      const __m512 kv = _mm512_set1_ps(k);
+      for (; i + 16 <= H; i += 16)
+        _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(r + i), kv), _mm512_loadu_ps(wp + i)));
+#endif
+      for (; i < H; ++i) o[i] = r[i] * k * wp[i];
+    }
+  });
+  return out;
+}
+
 constexpr int64_t PER_LAYER = 19;  // tensors per layer, see decode_layers
 
 // One decode-only step through all layers. x [B, H] fp32 (embeddings in, hidden states out, updated
@@ -802,7 +848,7 @@ def load():
             _module = load_inline(
                 name=f"edgellm_cpu_native_{key}",
                 cpp_sources=[SOURCE],
-                functions=["decode_attention", "decode_layers", "rotate_", "silu_mul"],
+                functions=["decode_attention", "decode_layers", "rotate_", "silu_mul", "rms_norm"],
                 extra_cflags=CFLAGS,
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(build),
@@ -839,6 +885,15 @@ def decode_attention(
         raise RuntimeError("the C++ CPU kernels are not available")
     return module.decode_attention(query.contiguous(), kv_cache, block_tables, seq_lens, float(scale),
                                    int(sliding_window or 0))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of x [T, H] fp32 with weight [H] fp32, rows over the threads (fp32 sums in another
+    order than torch's: ~1e-7 relative)."""
+    module = load()
+    if module is None:
+        raise RuntimeError("the C++ CPU kernels are not available")
+    return module.rms_norm(x, weight, float(eps))
 
 
 def silu_mul(gu: torch.Tensor) -> torch.Tensor:

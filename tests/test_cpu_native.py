@@ -420,3 +420,46 @@ def test_cascade_inside_the_engine_matches_the_per_sequence_path(built):
     assert any(calls)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
     assert _logprob_gap(got, want) < 1e-4
+
+
+@pytest.mark.parametrize("rows,width", [(1, 576), (3, 37), (130, 96), (517, 1536)])
+def test_silu_mul_rounds_once_to_bf16(built, rows, width):
+    """silu(gate) * up from bf16 or fp32 [T, 2I]: within one bf16 rounding of the fp32 value (and
+    on bf16 input, exactly the fp32 value rounded once)."""
+    g = torch.Generator().manual_seed(rows + width)
+    gu = torch.randn(rows, 2 * width, generator=g) * 4
+    for x in (gu, gu.bfloat16()):
+        got = cpu_native.silu_mul(x)
+        gate, up = x.float().split(width, -1)
+        want = torch.nn.functional.silu(gate) * up
+        assert got.dtype == torch.bfloat16 and got.shape == (rows, width)
+        assert ((got.float() - want).abs() <= want.abs() * 2.0 ** -8 + 1e-30).all()
+        if x.dtype == torch.bfloat16:
+            # exp within 2 ulp: the rounded result may differ from the exactly rounded one by one bf16 ulp
+            ulps = (got.float() - want.bfloat16().float()).abs() / want.abs().clamp_min(1e-30)
+            assert (ulps <= 2.0 ** -7).all()
+    # a strided view of the rows (the projection's output sliced by rows) works as well
+    assert torch.equal(cpu_native.silu_mul(gu[::2]), cpu_native.silu_mul(gu[::2].contiguous()))
+
+
+@pytest.mark.parametrize("rows,width", [(2, 576), (5, 37), (300, 96), (33, 1536)])
+def test_rms_norm_matches_torch(built, rows, width):
+    g = torch.Generator().manual_seed(rows * width)
+    x = torch.randn(rows, width, generator=g) * 3
+    w = torch.randn(width, generator=g)
+    want = torch.nn.functional.rms_norm(x, (width,), w, 1e-5)
+    got = cpu_native.rms_norm(x, w, 1e-5)
+    assert (got - want).abs().max().item() <= 1e-6 * want.abs().max().item()
+    assert torch.equal(cpu_native.rms_norm(x[1:], w, 1e-5), got[1:])  # rows are independent
+
+
+def test_fast_mode_norms_and_mlp_use_the_cpp_kernels(built):
+    """The loader switches the fast path's prefill norms and SiLU-and-mul to C++ (and only there)."""
+    from edgellm import LLM
+
+    fast = LLM(kv_cache_memory=16 << 20, max_model_len=256, cpu_quant="fast")
+    exact = LLM(kv_cache_memory=16 << 20, max_model_len=256, cpu_quant="exact")
+    for llm, on in ((fast, True), (exact, False)):
+        model = llm.engine.model.model
+        assert model.norm.native is on
+        assert all(layer.input_layernorm.native is on and layer.mlp.native_silu_mul is on for layer in model.layers)
