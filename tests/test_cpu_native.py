@@ -20,6 +20,18 @@ def built():
     return module
 
 
+def _decode_checked(cache, tables, lens, hq, window, g):
+    """Random queries for one decode step over `cache`: the C++ result, checked against the torch
+    reference. Returns (queries, result)."""
+    b, hkv, d = len(lens), cache.shape[3], cache.shape[4]
+    q = torch.randn(b, hq, d, generator=g)
+    want = paged_attention_ref(q, q[:, :hkv], q[:, :hkv], cache, tables, lens, list(range(b + 1)), b,
+                               d ** -0.5, window)
+    got = cpu_native.decode_attention(q, cache, tables.long(), torch.tensor(lens), d ** -0.5, window)
+    assert (got - want).abs().max().item() < 1e-5
+    return q, got
+
+
 @pytest.mark.parametrize("hq,hkv,d,window", [(9, 3, 64, None), (4, 4, 32, None), (6, 2, 48, 13), (8, 1, 16, 40)])
 def test_decode_matches_the_reference(built, hq, hkv, d, window):
     g = torch.Generator().manual_seed(hq * 100 + d)
@@ -28,12 +40,8 @@ def test_decode_matches_the_reference(built, hq, hkv, d, window):
     lens = [1, 15, 16, 17, 63, 100, 5]
     b = len(lens)
     tables = torch.stack([torch.randperm(nb, generator=g)[:8] for _ in range(b)]).to(torch.int32)
-    q = torch.randn(b, hq, d, generator=g)
-    scale = d ** -0.5
-    want = paged_attention_ref(q, q[:, :hkv], q[:, :hkv], cache, tables, lens, list(range(b + 1)), b,
-                               scale, window)
-    got = cpu_native.decode_attention(q, cache, tables.long(), torch.tensor(lens), scale, window)
-    assert (got - want).abs().max().item() < 1e-5
+    q, got = _decode_checked(cache, tables, lens, hq, window, g)
+    scale = q.shape[-1] ** -0.5
     # through the reference's own switch, sharing a step cache like the layers of a step do
     step: dict = {}
     for _ in range(2):
@@ -64,13 +72,8 @@ def test_decode_over_a_shared_cached_prefix(built, hq, hkv, d, bs, window):
         lens.append(len(head) * bs + (n - 1) * bs + 1 + (i * 7) % bs)
     width = max(len(t) for t in tables)
     tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
-    b = len(lens)
-    q = torch.randn(b, hq, d, generator=g)
+    q, got = _decode_checked(cache, tables, lens, hq, window, g)
     scale = d ** -0.5
-    want = paged_attention_ref(q, q[:, :hkv], q[:, :hkv], cache, tables, lens, list(range(b + 1)), b,
-                               scale, window)
-    got = cpu_native.decode_attention(q, cache, tables.long(), torch.tensor(lens), scale, window)
-    assert (got - want).abs().max().item() < 1e-5
     # each sequence's result does not depend on who shares its prefix: alone, it is the same
     for i in (0, 6, 9):
         alone = cpu_native.decode_attention(q[i:i + 1], cache, tables[i:i + 1].long(), torch.tensor(lens[i:i + 1]),
