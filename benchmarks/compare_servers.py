@@ -310,8 +310,8 @@ def served_model(url: str) -> str:
 
 def bench_server(server: Server, tokenizer: Any, args: argparse.Namespace) -> dict[str, Any]:
     """Warm up, then one run per concurrency level (plus the voice workload with --voice)."""
-    from edgellm.bench.client import Target, run_load
-    from edgellm.bench.datasets import random_requests, voice_requests
+    from edgellm.bench.client import Target, run_load, send_one
+    from edgellm.bench.datasets import random_requests, voice_requests_warmed
     from edgellm.bench.report import summarize
 
     model = served_model(server.url)
@@ -325,9 +325,8 @@ def bench_server(server: Server, tokenizer: Any, args: argparse.Namespace) -> di
         if workload == "voice":
             # one turn first, not measured: the system prompt is then in whatever prompt cache
             # the server keeps, as for a deployed agent (llama-server: in one slot of its 16)
-            first, *reqs = voice_requests(tokenizer, n + 1, 512, 32, 64, args.seed)
-            first.output_len = 1
-            asyncio.run(run_load(target, [first], 1, duration=args.bench_timeout))
+            first, reqs = voice_requests_warmed(tokenizer, n, 512, 32, 64, args.seed)
+            send_one(target, first, args.bench_timeout)
         else:
             reqs = random_requests(tokenizer, n, args.input_len, args.output_len, 0.0, args.seed, True)
         t = time.perf_counter()

@@ -39,17 +39,16 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def run_workload(url: str, tokenizer: Any, n: int, concurrency: int | None, rate: float, seed: int) -> dict:
-    from edgellm.bench.client import Target, run_load
-    from edgellm.bench.datasets import random_requests, voice_requests
+    from edgellm.bench.client import Target, run_load, send_one
+    from edgellm.bench.datasets import random_requests, voice_requests_warmed
     from edgellm.bench.report import summarize
 
     target = Target(url, served_model(url), "chat", None, ignore_eos=True, timeout=600.0)
     asyncio.run(run_load(target, random_requests(tokenizer, 2, 16, 4, 0.0, 12345, True), 1, duration=300))
     # one turn first, not measured: the system prompt is then cached (with prefix caching), as
     # for a deployed agent that lists it in the registry's warm_prompts
-    first, *reqs = voice_requests(tokenizer, n + 1, 512, 32, 64, seed)
-    first.output_len = 1
-    asyncio.run(run_load(target, [first], 1, duration=300))
+    first, reqs = voice_requests_warmed(tokenizer, n, 512, 32, 64, seed)
+    send_one(target, first, 300)
     results, elapsed = asyncio.run(run_load(target, reqs, concurrency, rate, 1.0, seed, duration=900))
     s = summarize(results, elapsed, label="voice")
     return {"completed": s["completed"], "failed": s["failed"] + (n - len(results)),

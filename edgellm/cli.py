@@ -35,10 +35,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
     g.add_argument("--kv-cache-memory", type=_memory, default=None,
                    help="KV cache size in bytes (e.g. 1G); default: a fraction of free memory")
-    g.add_argument("--cpu-quant", default=None, choices=["exact", "fast"],
-                   help="quantized weights on CPU: exact (dequantized once, fp32 matmuls) or fast (int4 kept "
-                        "packed, bf16 activations in decode; logits move by ~1e-2). Default: $EDGELLM_CPU_QUANT, "
-                        "else exact")
+    g.add_argument("--cpu-quant", default=None, choices=["auto", "exact", "fast"],
+                   help="quantized weights on CPU: auto (the fastest this CPU has: integer dots over int8 "
+                        "activations, dense matmuls for large steps where measured faster), exact (dequantized "
+                        "once, fp32 matmuls: transformers' logits) or fast (torch's int4 GEMV and bf16 matmuls; "
+                        "for CPUs with bf16 units). Default: $EDGELLM_CPU_QUANT, else exact")
+    g.add_argument("--cpu-isa", default=None, choices=["avx2", "avx512", "amx"],
+                   help="cap the instruction-set level of the CPU kernels (default: $EDGELLM_CPU_ISA, else "
+                        "what this CPU has)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--chat-template", default=None, help="a Jinja chat template (file or string)")
     g.add_argument("--architecture", default=None,
@@ -52,7 +56,7 @@ def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
         block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
         kv_cache_dtype=args.kv_cache_dtype, kv_cache_memory=args.kv_cache_memory, seed=args.seed,
         chat_template=args.chat_template, architecture=getattr(args, "architecture", None),
-        cpu_quant=getattr(args, "cpu_quant", None),
+        cpu_quant=getattr(args, "cpu_quant", None), cpu_isa=getattr(args, "cpu_isa", None),
     )
     fields.update(overrides)
     return EngineConfig(**fields)

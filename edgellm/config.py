@@ -117,9 +117,10 @@ class EngineConfig:
     tokenizer: str | None = None  # a directory with tokenizer files; default: the model's own
     chat_template: str | None = None  # a Jinja template string or path overriding the model's
     architecture: str | None = None  # override the checkpoint's architecture (models.arch name or HF class)
-    # quantized linears on CPU: "exact" (dequantized once, fp32 matmul) or "fast" (packed int4 GEMV
-    # with bf16 activations, int8 logits head); None: $EDGELLM_CPU_QUANT, else exact
+    # quantized linears on CPU: "auto", "exact" or "fast" (edgellm/platform.py); None:
+    # $EDGELLM_CPU_QUANT, else exact
     cpu_quant: str | None = None
+    cpu_isa: str | None = None  # cap the CPU kernels' ISA level (avx2 | avx512 | amx); None: $EDGELLM_CPU_ISA
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
@@ -136,6 +137,8 @@ class EngineConfig:
             raise ValueError("kv_cache_memory_fraction must be in (0, 0.95]")
         if self.kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3"):
             raise ValueError(f"kv_cache_dtype must be auto or fp8, got {self.kv_cache_dtype!r}")
-        if self.cpu_quant is not None and self.cpu_quant not in ("exact", "fast"):
-            raise ValueError(f"cpu_quant must be exact or fast, got {self.cpu_quant!r}")
+        if self.cpu_quant is not None and self.cpu_quant not in ("auto", "exact", "fast"):
+            raise ValueError(f"cpu_quant must be auto, exact or fast, got {self.cpu_quant!r}")
+        if self.cpu_isa is not None and self.cpu_isa not in ("avx2", "avx512", "amx"):
+            raise ValueError(f"cpu_isa must be avx2, avx512 or amx, got {self.cpu_isa!r}")
         self.torch_dtype = parse_dtype(self.dtype, self.device)

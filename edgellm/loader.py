@@ -20,6 +20,7 @@ from edgellm.config import ModelConfig
 from edgellm.layers.linear import Linear
 from edgellm.models.arch import Architecture, model_config_from_hf, resolve_architecture
 from edgellm.models.decoder import CausalLM
+from edgellm.platform import Platform
 from edgellm.quant.gguf import GGUFCheckpoint
 from edgellm.quant.schemes import QuantScheme, scheme_from_config
 
@@ -184,52 +185,67 @@ def load_model(
     device: torch.device | str = "cpu",
     max_position: int | None = None,
     architecture: str | None = None,
-    cpu_kernels: str | None = None,
+    cpu_kernels: str | Platform | None = None,
 ) -> CausalLM:
-    """cpu_kernels: "exact" or "fast" for quantized linears on CPU (quant/schemes.py); None:
-    the EDGELLM_CPU_QUANT environment variable, else exact."""
+    """cpu_kernels: the Platform of this load (edgellm/platform.py), or a CPU mode for quantized
+    linears ("auto", "exact", "fast") to build one for this host; None: the EDGELLM_CPU_QUANT
+    environment variable, else auto."""
     arch = resolve_architecture(ckpt.hf_config, architecture)
     cfg = model_config_from_hf(ckpt.hf_config, arch, ckpt.generation_config)
-    scheme: QuantScheme = scheme_from_config(ckpt.hf_config.get("quantization_config"), cpu_kernels)
+    platform = cpu_kernels if isinstance(cpu_kernels, Platform) else Platform(cpu_kernels)
+    scheme: QuantScheme = scheme_from_config(ckpt.hf_config.get("quantization_config"), platform)
     with torch.device(device):
         model = CausalLM(cfg, scheme, dtype, max_position)
     _load_into(model, ckpt, arch, cfg)
     model.eval()
-    if torch.device(device).type == "cpu" and dtype == torch.float32:
-        _use_cpu_paths(model, scheme, cfg)
+    on_cpu = torch.device(device).type == "cpu"
+    if on_cpu and dtype == torch.float32:
+        _use_cpu_paths(model, scheme, cfg, platform)
     logger.info(
-        "loaded %s (%s, %d layers, hidden %d, quant %s, cpu kernels %s) as %s",
-        ckpt.path, arch.name, cfg.num_layers, cfg.hidden_size, scheme.name, scheme.cpu_kernels, dtype,
+        "loaded %s (%s, %d layers, hidden %d, quant %s, %s) as %s",
+        ckpt.path, arch.name, cfg.num_layers, cfg.hidden_size, scheme.name,
+        platform.describe() if on_cpu else "cuda", dtype,
     )
     return model
 
 
-def _use_cpu_paths(model: CausalLM, scheme: QuantScheme, cfg: ModelConfig) -> None:
+def _use_cpu_paths(model: CausalLM, scheme: QuantScheme, cfg: ModelConfig, platform: Platform) -> None:
     """An fp32 model on CPU: C++ decode attention and decode-only steps through all layers in one
-    call (fp32 math, both modes); in "fast" mode also the int8 / bf16 logits head, bf16 prefill
-    attention, rotary and RMSNorm in C++ and a bf16 MLP intermediate (SiLU-and-mul in C++) where
-    both MLP linears are int4."""
-    from edgellm.kernels import cpu_native
+    call (fp32 math, every mode). Mode auto: the integer-dot logits head, the int-dot vs dense
+    crossover measured (quant/linear_kernels/cpu_int.calibrate), shared-prefix prefill attention
+    (in bf16 where the CPU has bf16 units, else fp32), rotary and RMSNorm in C++. Mode fast: the
+    int8 / bf16 logits head, bf16 prefill attention, rotary and RMSNorm in C++ and a bf16 MLP
+    intermediate (SiLU-and-mul in C++) where both MLP linears are int4."""
     from edgellm.models.fused_decode import FusedDecode
     from edgellm.quant.backends import CpuInt4Kernel
+    from edgellm.quant.linear_kernels.cpu_int import CpuIntDotKernel, calibrate
 
-    fast = scheme.cpu_kernels == "fast"
+    native = platform.native()  # built (once per machine and level) here, not in the first request
+    mode = scheme.cpu_kernels
+    fast = mode == "fast"
+    auto = mode == "auto" and scheme.name != "none"
     if fast and scheme.name != "none":
         model.use_fast_logits()
-    native = cpu_native.load() is not None  # built (once per machine) here, not in the first request
+    if auto:
+        calibrate([m.kernel for m in model.modules() if isinstance(getattr(m, "kernel", None), CpuIntDotKernel)])
+        if native is not None:
+            model.use_int_dot_logits(native)
+    prefill_dtype = torch.bfloat16 if fast or platform.isa.bf16_units else torch.float32
     for layer in model.model.layers:
-        layer.self_attn.attn.cpp_decode = True
+        attn = layer.self_attn.attn
+        attn.cpp_decode = native is not None
+        if fast or auto:
+            attn.prefill_dtype = prefill_dtype
+            layer.self_attn.native_rotary = native is not None and model.model.rotary.rot_dim == cfg.head_dim
+            layer.input_layernorm.native = layer.post_attention_layernorm.native = native is not None
         if fast:
-            layer.self_attn.attn.prefill_dtype = torch.bfloat16
-            layer.self_attn.native_rotary = native and model.model.rotary.rot_dim == cfg.head_dim
             mlp = layer.mlp
             mlp.bf16_intermediate = all(isinstance(getattr(m, "kernel", None), CpuInt4Kernel) and m.bias is None
                                         for m in (mlp.gate_up_proj, mlp.down_proj))
-            mlp.native_silu_mul = native and mlp.bf16_intermediate
-            layer.input_layernorm.native = layer.post_attention_layernorm.native = native
-    if fast:
-        model.model.norm.native = native
-    model.model.fused = FusedDecode.build(model.model)
+            mlp.native_silu_mul = native is not None and mlp.bf16_intermediate
+    if fast or auto:
+        model.model.norm.native = native is not None
+    model.model.fused = FusedDecode.build(model.model, native)
 
 
 def model_config(ckpt: Checkpoint, architecture: str | None = None) -> ModelConfig:

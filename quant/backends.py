@@ -39,25 +39,23 @@ its format has decoded the checkpoint tensors (schemes.QuantLinearMethod).
 from __future__ import annotations
 
 import logging
-import os
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edgellm import env
 from edgellm.quant.schemes import Int4Codes
 
 if TYPE_CHECKING:
+    from edgellm.platform import Platform
     from edgellm.quant.schemes import QuantLinearMethod
 
 logger = logging.getLogger(__name__)
 
-PACKED_ENV = "EDGELLM_CPU_PACKED"  # "0": keep bf16 copies in the plain layout (F.linear)
-
-
 def _packed_available() -> bool:
-    if os.environ.get(PACKED_ENV, "1") == "0":
+    if not env.cpu_packed_enabled():
         return False
     try:
         return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
@@ -71,8 +69,6 @@ PACKED_BF16 = _packed_available()
 # steps up every 4 rows
 GEMV_MAX_ROWS = 4 if PACKED_BF16 else 12
 GEMV_MAX_ROWS_UNCACHED = 128  # ... and beats dequantizing per call
-DENSE_CACHE_ENV = "EDGELLM_CPU_DENSE_CACHE_MB"
-_dense_cache_used = [0]  # bytes of bf16 dense copies kept in this process
 
 
 def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
@@ -106,16 +102,15 @@ def bf16_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     padded = row_bucket(rows)
     if padded != rows:
         x2 = F.pad(x2, (0, 0, 0, padded - rows))
-    y = torch.ops.mkldnn._linear_pointwise(x2, weight, None, "none", [], "")
+    y = _onednn_linear(x2, weight)
     return y[:rows].reshape(*x.shape[:-1], y.shape[-1])
 
 
-def _reserve_dense(nbytes: int) -> bool:
-    limit = int(float(os.environ.get(DENSE_CACHE_ENV, "2048")) * (1 << 20))
-    if _dense_cache_used[0] + nbytes > limit:
-        return False
-    _dense_cache_used[0] += nbytes
-    return True
+def _onednn_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [M, K] bf16 times a oneDNN-blocked weight, at exactly M rows."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
+
+
 _TINYGEMM_GROUPS = (32, 64, 128, 256)
 
 
@@ -157,7 +152,7 @@ class CpuInt4Kernel:
     """
 
     def __init__(self, c: Int4Codes, dtype: torch.dtype, perm: torch.Tensor | None,
-                 tinygemm_group: int) -> None:
+                 tinygemm_group: int, platform: Platform) -> None:
         q = c.codes.to(torch.int32)
         if perm is not None:
             q = q[:, perm]
@@ -183,10 +178,10 @@ class CpuInt4Kernel:
         self.zeros = None if c.zeros is None else c.zeros.to(torch.uint8).contiguous()
         self.offsets = None if offsets is None else _compact(offsets)
         # the dequantized matrix in bf16 for larger steps, kept while the budget lasts
-        self.dense_weight = pack_bf16(self.dense()) if _reserve_dense(self.n * self.k * 2) else None
+        self.dense_weight = pack_bf16(self.dense()) if platform.reserve_dense(self.n * self.k * 2) else None
 
     @classmethod
-    def build(cls, c: Int4Codes, dtype: torch.dtype) -> CpuInt4Kernel | None:
+    def build(cls, c: Int4Codes, dtype: torch.dtype, platform: Platform) -> CpuInt4Kernel | None:
         """None when torch's int4 GEMV cannot hold these shapes (the caller stays dense)."""
         n, k = c.codes.shape
         gs = c.group_size
@@ -204,7 +199,7 @@ class CpuInt4Kernel:
             tg //= 2  # a larger group (per-channel) repeats its scale over smaller ones: exact
         if tg not in _TINYGEMM_GROUPS or k % gs or n % 16:
             return None
-        return cls(c, dtype, perm, tg)
+        return cls(c, dtype, perm, tg, platform)
 
     def dense(self) -> torch.Tensor:
         """W [N, K] (stored column order) in fp32, exactly as the format defines it."""
@@ -259,8 +254,7 @@ def warm_matmul_shapes(model: nn.Module, max_rows: int, decode_rows: int) -> int
     with torch.inference_mode():
         for w, rows in [(w, layer_rows) for w in weights.values()] + [(w, head_rows) for w in heads]:
             for r in rows:
-                torch.ops.mkldnn._linear_pointwise(torch.zeros(r, w.shape[1], dtype=torch.bfloat16), w, None,
-                                                   "none", [], "")
+                _onednn_linear(torch.zeros(r, w.shape[1], dtype=torch.bfloat16), w)
                 runs += 1
     return runs
 
@@ -277,20 +271,26 @@ def layer_device(layer: nn.Module) -> torch.device:
 def use_triton(device: torch.device) -> bool:
     """CUDA runs the Triton kernels. Tests can run the same path on CPU tensors under
     the Triton interpreter (TRITON_INTERPRET=1 and EDGELLM_TRITON_ON_CPU=1)."""
-    return device.type == "cuda" or (
-        os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("EDGELLM_TRITON_ON_CPU") == "1"
-    )
+    return device.type == "cuda" or env.triton_on_cpu()
 
 
-def build_kernel(method: QuantLinearMethod, layer: nn.Module, cpu_kernels: str):
+def build_kernel(method: QuantLinearMethod, layer: nn.Module, platform: Platform):
     """The matmul for a loaded weight-quantized linear (see the module docstring)."""
     device = layer_device(layer)
     codes = method.int4(layer)
     if use_triton(device):
         if codes is not None and codes.offsets is None:
             return TritonInt4Kernel(codes, device)
-    elif cpu_kernels == "fast" and codes is not None:
-        kernel = CpuInt4Kernel.build(codes, layer.dtype)
+    elif platform.cpu_quant == "auto" and codes is not None:
+        from edgellm.quant.linear_kernels.cpu_int import CpuIntDotKernel
+
+        native = platform.native()
+        ok, why = CpuIntDotKernel.can_implement(codes=codes, platform=platform, native=native, dtype=layer.dtype)
+        if ok:
+            return CpuIntDotKernel(codes, native, platform)
+        logger.info("%s: %s; dequantized instead", layer.prefix, why)
+    elif platform.cpu_quant == "fast" and codes is not None:
+        kernel = CpuInt4Kernel.build(codes, layer.dtype, platform)
         if kernel is not None:
             return kernel
         logger.info("%s: int4 shapes unsuited to the CPU int4 GEMV; dequantized instead", layer.prefix)

@@ -9,36 +9,29 @@ the matmul runs. Layers and the loader never branch on the format.
 Weight-only formats subclass QuantLinearMethod: the format only decodes its
 tensors (exactly: `dequantize`, and where it is plain int4, `int4`); the base
 picks the matmul (quant/backends.py): the Triton kernels on CUDA, and on CPU
-either the exact path (dequantize once to the model dtype) or the fast one
-(torch's packed int4 GEMV for decode, exact dequant for prefill).
+what the load's Platform says (edgellm/platform.py: integer dots in mode auto,
+dequantized once in mode exact).
 """
 
 from __future__ import annotations
 
-import os
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-# CPU kernels for quantized linears: "exact" dequantizes every weight once at load
-# to the model dtype (bit-exact weights, fp32 matmul); "fast" keeps int4 weights
-# packed (torch's int4 GEMV with bf16 activations for decode, exact dequant per
-# call for prefill). Chosen per load; the default comes from EDGELLM_CPU_QUANT.
-CPU_KERNELS = ("exact", "fast")
-CPU_KERNELS_ENV = "EDGELLM_CPU_QUANT"
+if TYPE_CHECKING:
+    from edgellm.platform import Platform
 
-
-def default_cpu_kernels() -> str:
-    value = os.environ.get(CPU_KERNELS_ENV, "exact").strip().lower() or "exact"
-    if value not in CPU_KERNELS:
-        raise ValueError(f"{CPU_KERNELS_ENV}={value!r}: choose one of {', '.join(CPU_KERNELS)}")
-    return value
+# CPU kernels for quantized linears: "auto", "exact" or "fast" (edgellm/platform.py says what
+# each runs). Chosen per load through the Platform the loader hands the scheme; a bare mode
+# string (tests, tools) builds a Platform for this host.
+CPU_KERNELS = ("auto", "exact", "fast")
 
 
 @dataclass(frozen=True)
@@ -195,7 +188,7 @@ class QuantLinearMethod(LinearMethod):
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         from edgellm.quant.backends import build_kernel
 
-        layer.kernel = build_kernel(self, layer, self.scheme.cpu_kernels)
+        layer.kernel = build_kernel(self, layer, self.scheme.platform)
         free_params(layer, [n for n in layer.layouts if n != "bias"])
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -251,10 +244,13 @@ class QuantScheme(ABC):
 
     name: str = "none"
 
-    def __init__(self, cpu_kernels: str | None = None) -> None:
-        self.cpu_kernels = cpu_kernels or default_cpu_kernels()
-        if self.cpu_kernels not in CPU_KERNELS:
-            raise ValueError(f"cpu kernels {self.cpu_kernels!r}: choose one of {', '.join(CPU_KERNELS)}")
+    def __init__(self, cpu_kernels: str | Platform | None = None) -> None:
+        """cpu_kernels: the load's Platform, or a CPU mode for one made here (None: the
+        EDGELLM_CPU_QUANT default, else auto)."""
+        from edgellm.platform import Platform
+
+        self.platform = cpu_kernels if isinstance(cpu_kernels, Platform) else Platform(cpu_kernels)
+        self.cpu_kernels = self.platform.cpu_quant
 
     def linear_method(self, prefix: str, checkpoint_names: Sequence[str] = ()) -> LinearMethod:
         """The method for the linear at module path `prefix` (e.g. model.layers.0.self_attn.qkv_proj).
@@ -297,7 +293,7 @@ def config_error(fmt: str, what: str, quantization_config: dict[str, Any]) -> Va
 
 
 def scheme_from_config(
-    quantization_config: dict[str, Any] | None, cpu_kernels: str | None = None
+    quantization_config: dict[str, Any] | None, cpu_kernels: str | Platform | None = None
 ) -> QuantScheme:
     """Pick the scheme for a checkpoint; a format we cannot run exactly is an error, never a guess."""
     if not quantization_config:

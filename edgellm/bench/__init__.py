@@ -13,7 +13,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from edgellm.bench.client import Target, run_load
+from edgellm.bench.client import Target, run_load, send_one
 from edgellm.bench.datasets import BenchRequest, file_requests, random_requests, voice_requests
 from edgellm.bench.report import format_table, parse_goodput, plot, summarize
 
@@ -105,9 +105,9 @@ def run_bench(args: argparse.Namespace) -> int:
         [int(x) for x in args.sweep.split(",") if x.strip()] if args.sweep else [args.max_concurrency]
     )
     if args.initial_test:  # as `vllm bench serve`: one request first, not measured
-        first, _ = asyncio.run(run_load(target, requests[:1], 1, duration=args.timeout))
-        if not first or not first[0].ok:
-            print("edgellm bench: the initial test request failed: " + (first[0].error if first else "no answer")
+        first = send_one(target, requests[0], args.timeout)
+        if first is None or not first.ok:
+            print("edgellm bench: the initial test request failed: " + (first.error if first else "no answer")
                   + " (check --base-url, --model and the server's log)", file=sys.stderr)
             return 1
     runs = []

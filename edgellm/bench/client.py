@@ -169,3 +169,10 @@ async def run_load(
         await asyncio.gather(*pending, return_exceptions=True)
         elapsed = time.perf_counter() - t0
     return results, elapsed
+
+
+def send_one(target: Target, req: BenchRequest, timeout: float) -> RequestResult | None:
+    """One request on its own, outside any measurement (a warm-up or the initial test request);
+    None when it got no answer within `timeout` seconds."""
+    results, _ = asyncio.run(run_load(target, [req], 1, duration=timeout))
+    return results[0] if results else None

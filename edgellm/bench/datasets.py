@@ -67,6 +67,15 @@ def voice_requests(tokenizer: Any, num: int, system_len: int, user_len: int, out
     ]
 
 
+def voice_requests_warmed(tokenizer: Any, num: int, system_len: int, user_len: int, output_len: int,
+                          seed: int) -> tuple[BenchRequest, list[BenchRequest]]:
+    """A one-token turn to send first, unmeasured, so the system prompt sits in the server's prompt
+    cache as for a deployed agent, and the `num` measured voice requests."""
+    first, *reqs = voice_requests(tokenizer, num + 1, system_len, user_len, output_len, seed)
+    first.output_len = 1
+    return first, reqs
+
+
 def file_requests(path: str, tokenizer: Any, num: int, output_len: int, chat: bool,
                   seed: int) -> list[BenchRequest]:
     """One prompt per line; JSONL lines may be {"prompt": ..., "output_len": ...}."""

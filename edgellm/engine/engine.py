@@ -28,6 +28,7 @@ from edgellm.engine.output import (
 from edgellm.engine.runner import ModelRunner, kv_cache_bytes_per_block
 from edgellm.engine.scheduler import Scheduler
 from edgellm.engine.sequence import FinishReason, Sequence, Status
+from edgellm.platform import Platform
 from edgellm.loader import CheckpointError, load_model, model_config, resolve_checkpoint
 from edgellm.sampling import SamplingParams
 from edgellm.tokenizer import Tokenizer
@@ -92,7 +93,8 @@ class LLMEngine:
                            config.max_model_len, mcfg.max_position_embeddings)
         with _names_the_file(self.checkpoint.path):
             self.model = load_model(self.checkpoint, config.torch_dtype, self.device, max_position=requested_len,
-                                    architecture=config.architecture, cpu_kernels=config.cpu_quant)
+                                    architecture=config.architecture,
+                                    cpu_kernels=Platform.create(config.cpu_quant, config.cpu_isa))
 
         per_block = kv_cache_bytes_per_block(self.model, config.block_size, self.kv_dtype)
         budget = config.kv_cache_memory or int(_available_memory(self.device) * config.kv_cache_memory_fraction)

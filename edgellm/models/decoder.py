@@ -189,6 +189,15 @@ class CausalLM(nn.Module):
                 return  # a quantized or non-fp32 head keeps its own kernel
         self.fast_logits = CpuFastLogitsHead(weight)
 
+    def use_int_dot_logits(self, native) -> None:
+        """CPU mode auto: an integer-dot logits head for argmax-only rows
+        (quant/linear_kernels/cpu_int_head.IntDotLogitsHead)."""
+        from edgellm.quant.linear_kernels.cpu_int_head import IntDotLogitsHead
+
+        weight = self.model.embed_tokens.weight if self.lm_head is None else getattr(self.lm_head, "weight", None)
+        if isinstance(weight, torch.Tensor) and IntDotLogitsHead.can_implement(weight):
+            self.fast_logits = IntDotLogitsHead(weight, native)
+
     fast_logits = None
 
     def compute_logits(self, hidden: torch.Tensor, argmax_only: list[bool] | None = None) -> torch.Tensor:

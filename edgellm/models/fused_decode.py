@@ -1,15 +1,16 @@
-"""fp32 models on CPU (both --cpu-quant modes): a decode-only step through every decoder layer
-in one C++ call (kernels/cpu_native.decode_layers).
+"""fp32 models on CPU (every --cpu-quant mode): a decode-only step through every decoder layer
+in one C++ call (kernels/csrc/cpu/decode_layers.cpp).
 
 The layer-by-layer path runs ~40 small torch ops per layer; at batch 1 their Python and
 dispatcher cost was half of a decode step of SmolLM2-135M. The fused call does the same
-math with the same matmul ops (int4 GEMV / bf16 / fp32 dense, chosen by rows exactly as
-quant/backends.CpuInt4Kernel does) and hand-written loops for the rest. On the exact path
+math with the same matmul ops (integer dots, int4 GEMV, bf16 or fp32 dense, chosen by rows
+exactly as the Python kernels do: quant/linear_kernels/cpu_int.CpuIntDotKernel,
+quant/backends.CpuInt4Kernel) and hand-written loops for the rest. On the exact path
 (fp32 weights) it agrees with the layers to fp32 summation-order noise (~1e-6), which is
 also how far the layer path is from transformers.
 
 It applies when every linear of every layer is a CPU int4 kernel without an act-order
-permutation and with its dense copy kept, or a plain fp32 matrix; the model runs fp32;
+permutation (the tinygemm one with its dense copy kept), or a plain fp32 matrix; the model runs fp32;
 rotary covers the whole head; and at call time the step is decode-only over fp32 or fp8
 (e4m3, per-layer scales) KV caches. Anything else (prefill chunks, other formats) takes the
 layer path.
@@ -18,7 +19,7 @@ layer path.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -35,9 +36,18 @@ _EMPTY = torch.empty(0)
 _CACHE_DTYPES = (torch.float32, torch.float8_e4m3fn)
 
 
-def _linear_tensors(module) -> tuple[list[torch.Tensor], int] | None:
-    """(packed, scale_zero, dense, bias) and the int4 group for one Linear, or None if unsupported."""
+# One linear in the per-layer list (kernels/csrc/cpu/decode_layers.h declares the same layout):
+# LINEAR_TENSORS tensors (a, b, c, dense, bias) and LINEAR_META ints (kind, group, max_rows).
+LINEAR_DENSE, LINEAR_TINYGEMM, LINEAR_INT_DOT = 0, 1, 2
+LINEAR_TENSORS, LINEAR_META = 5, 3
+
+
+def _linear_tensors(module) -> tuple[list[torch.Tensor], list[int]] | None:
+    """One Linear's tensors and meta for the fused pass, or None if it cannot run there:
+    tinygemm int4 (packed, scale_zero, -, dense, bias), int-dot int4 (qweight, scale, offset,
+    dense or empty, bias) or a plain fp32 matrix (-, -, -, weight, bias)."""
     from edgellm.quant.backends import CpuInt4Kernel, DenseKernel
+    from edgellm.quant.linear_kernels.cpu_int import CpuIntDotKernel
 
     bias = module.bias if isinstance(getattr(module, "bias", None), torch.Tensor) else _EMPTY
     if bias.numel() and bias.dtype != torch.float32:
@@ -46,19 +56,27 @@ def _linear_tensors(module) -> tuple[list[torch.Tensor], int] | None:
     if isinstance(kernel, CpuInt4Kernel):
         if kernel.perm is not None or kernel.dense_weight is None:
             return None
-        return [kernel.packed, kernel.scale_zero, kernel.dense_weight, bias], kernel.tinygemm_group
+        return ([kernel.packed, kernel.scale_zero, _EMPTY, kernel.dense_weight, bias],
+                [LINEAR_TINYGEMM, kernel.tinygemm_group, backends.GEMV_MAX_ROWS])
+    if isinstance(kernel, CpuIntDotKernel):
+        if kernel.perm is not None:
+            return None
+        dense = _EMPTY if kernel.dense is None else kernel.dense
+        return ([kernel.qweight, kernel.scale, kernel.offset, dense, bias],
+                [LINEAR_INT_DOT, kernel.group, min(kernel.max_rows, 1 << 30)])
     weight = kernel.weight if isinstance(kernel, DenseKernel) else getattr(module, "weight", None)
     if kernel is not None and not isinstance(kernel, DenseKernel):
         return None
     if not isinstance(weight, torch.Tensor) or weight.dtype != torch.float32 or not weight.is_contiguous():
         return None
-    return [_EMPTY, _EMPTY, weight, bias], 0
+    return [_EMPTY, _EMPTY, _EMPTY, weight, bias], [LINEAR_DENSE, 0, 0]
 
 
 class FusedDecode:
-    def __init__(self, model: DecoderModel, static: list[list[torch.Tensor]], meta: list[int]) -> None:
+    def __init__(self, model: DecoderModel, static: list[list[torch.Tensor]], meta: list[int], native: Any) -> None:
         first = model.layers[0].self_attn
         self.model = model
+        self.native = native
         self.static = static
         self.meta = meta
         self.num_heads, self.num_kv_heads, self.head_dim = first.num_heads, first.num_kv_heads, first.head_dim
@@ -71,10 +89,11 @@ class FusedDecode:
         self._caches: tuple[int, ...] = ()
 
     @classmethod
-    def build(cls, model: DecoderModel) -> FusedDecode | None:
-        """The fused pass for this model, or None (logged) when some layer does not fit it."""
+    def build(cls, model: DecoderModel, native: Any) -> FusedDecode | None:
+        """The fused pass for this model over the C++ module `native` (None: not built), or None
+        (logged) when some layer does not fit it."""
         why = None
-        if cpu_native.load() is None:
+        if native is None:
             why = "the C++ kernels did not build"
         elif model.embed_tokens.weight.dtype != torch.float32:
             why = "the model is not fp32"
@@ -91,13 +110,15 @@ class FusedDecode:
             if any(p is None for p in parts):
                 why = f"{sa.qkv_proj.prefix.rsplit('.', 2)[0]}: a linear the fused pass does not run"
                 break
-            (qkv, gq), (o, go), (gu, gg), (down, gd) = parts
+            (qkv, mq), (o, mo), (gu, mg), (down, md) = parts
             static.append([norms[0], *qkv, *o, norms[1], *gu, *down])
-            meta.extend([gq, go, gg, gd, int(sa.attn.sliding_window or 0)])
+            meta.extend([*mq, *mo, *mg, *md, int(sa.attn.sliding_window or 0)])
         if why is not None:
             logger.info("fused CPU decode off: %s; decoding layer by layer", why)
             return None
-        return cls(model, static, meta)
+        if native.layout() != [len(static[0]) + 1, len(meta) // len(static), LINEAR_TENSORS, LINEAR_META]:
+            raise RuntimeError(f"fused decode: the C++ module's per-layer layout {native.layout()} is not this one")
+        return cls(model, static, meta, native)
 
     def _weights_for(self, caches: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[float]]:
         """The per-layer tensors with each layer's cache, and the K/V scales, rebuilt only when the
@@ -119,15 +140,12 @@ class FusedDecode:
             return None
         if caches[0].dtype == torch.float8_e4m3fn and not all(a.scales_known for a in self.attns):
             return None  # the first prefill sets them (layers/attention.py)
-        module = cpu_native.load()
-        if module is None:
-            return None
         rows = x.shape[0]
         cos, sin = (t.reshape(rows, self.head_dim).contiguous() for t in cos_sin)
         tables, lens = cpu_native.decode_tables(meta.block_tables, meta.seq_lens, rows)
         weights, kv_scales = self._weights_for(caches)
-        return module.decode_layers(
+        return self.native.decode_layers(
             x.contiguous(), cos, sin, meta.slot_mapping.long(), tables, lens, weights, self.meta,
             self.num_heads, self.num_kv_heads, self.head_dim, self.intermediate, float(self.eps),
-            float(self.scale), int(backends.GEMV_MAX_ROWS), kv_scales,
+            float(self.scale), kv_scales,
         )

@@ -1,0 +1,10 @@
+// SiLU-and-mul (activation.cpp).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace edgellm::cpu {
+
+at::Tensor silu_mul(at::Tensor gu);
+
+}  // namespace edgellm::cpu

@@ -1,0 +1,341 @@
+// Decode attention over the paged KV cache: one query token per sequence, K and V read straight
+// from the pages (see kernels/cpu_native.py for the whole picture).
+#include "attention.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty_like.h>
+#include <pybind11/pybind11.h>
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#include "vec.h"
+
+namespace edgellm::cpu {
+
+#if defined(__AVX512F__)
+// out[t] = mul * (q . row_t) for the cnt <= 16 rows of a tile (D % 16 == 0).
+template <typename T>
+static inline void score_tile(const float* q, const T* const* rows, int64_t off, int cnt, int64_t D, float mul,
+                              float* out) {
+  __m512 part[16];
+  for (int t = 0; t < 16; ++t) {
+    if (t < cnt) {
+      const T* r = rows[t] + off;
+      __m512 a = _mm512_mul_ps(_mm512_loadu_ps(q), load16(r));
+      for (int64_t d = 16; d < D; d += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), load16(r + d), a);
+      part[t] = a;
+    } else {
+      part[t] = _mm512_setzero_ps();
+    }
+  }
+  _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << cnt) - 1), _mm512_mul_ps(hsum16(part), _mm512_set1_ps(mul)));
+}
+
+// out[g * D + c * 16 ..] (+)= sum_t p[g * pstride + t] * row_t[c * 16 ..] over the n tokens of a
+// tile, for NG heads and NC 16-wide chunks of the row, the NG x NC accumulators in registers.
+template <typename T, int NG, int NC>
+static void pv_block(const float* p, int64_t pstride, const T* const* rows, int64_t off, int64_t n, float* out,
+                     int64_t D, bool first) {
+  __m512 acc[NG][NC];
+  for (int g = 0; g < NG; ++g)
+    for (int c = 0; c < NC; ++c) acc[g][c] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + g * D + 16 * c);
+  for (int64_t t = 0; t < n; ++t) {
+    const T* r = rows[t] + off;
+    __m512 v[NC];
+    for (int c = 0; c < NC; ++c) v[c] = load16(r + 16 * c);
+    for (int g = 0; g < NG; ++g) {
+      const __m512 pb = _mm512_set1_ps(p[g * pstride + t]);
+      for (int c = 0; c < NC; ++c) acc[g][c] = _mm512_fmadd_ps(pb, v[c], acc[g][c]);
+    }
+  }
+  for (int g = 0; g < NG; ++g)
+    for (int c = 0; c < NC; ++c) _mm512_storeu_ps(out + g * D + 16 * c, acc[g][c]);
+}
+
+template <typename T, int NG>
+static void pv_heads(const float* p, int64_t pstride, const T* const* rows, int64_t off, int64_t n, float* out,
+                     int64_t D, bool first) {
+  for (int64_t c0 = 0; c0 < D; c0 += 64) {
+    switch (std::min<int64_t>(4, (D - c0) / 16)) {
+      case 4: pv_block<T, NG, 4>(p, pstride, rows, off + c0, n, out + c0, D, first); break;
+      case 3: pv_block<T, NG, 3>(p, pstride, rows, off + c0, n, out + c0, D, first); break;
+      case 2: pv_block<T, NG, 2>(p, pstride, rows, off + c0, n, out + c0, D, first); break;
+      default: pv_block<T, NG, 1>(p, pstride, rows, off + c0, n, out + c0, D, first); break;
+    }
+  }
+}
+
+// Prefetch the rows of tokens [t0, t1) (`bytes` from each row's start) into L1.
+template <typename T>
+static inline void prefetch_rows(const T* const* rows, int64_t t0, int64_t t1, int64_t off, int64_t bytes) {
+  for (int64_t t = t0; t < t1; ++t) {
+    const char* f = reinterpret_cast<const char*>(rows[t] + off);
+    for (int64_t l = 0; l < bytes; l += 64) _mm_prefetch(f + l, _MM_HINT_T0);
+  }
+}
+
+// One work item of attend() on AVX-512 (D % 16 == 0): M sequences ("members") whose first
+// `shared` context tokens are the same cached pages (M = 1, shared = 0: one sequence). Member m has
+// query heads qh[m] [GH, D] (GH = hpi * G, kv head h0 + g / G), n[m] context tokens with rows[m][t]
+// pointing at head h0's K row of token t (V at + voff), output out[m] and scores[m] [GH, n[m]].
+// Both passes go 16 tokens (a page, at the default block size) at a time, every head of the item
+// over one tile while it is in L1, the next tile prefetched (pages sit anywhere in the cache and
+// the hardware prefetcher stops at each one); a shared tile serves every member before the next
+// is read, so a cached system prompt is read from memory once per item, not once per sequence.
+// Each member's sums run in the same order either way.
+template <typename T>
+static void attend_members(const float* const* qh, float* const* out, const T* const* const* rows, const int64_t* n,
+                           int64_t M, int64_t shared, int64_t voff, int64_t hpi, int64_t G, int64_t D, float ksc,
+                           float v_mul, float* const* scores) {
+  const int64_t GH = hpi * G;
+  const int64_t bytes = hpi * D * static_cast<int64_t>(sizeof(T));  // one token's K (or V) rows
+  shared -= shared % 16;  // whole tiles
+  auto score_tiles = [&](int64_t m, int64_t t0) {
+    const int cnt = static_cast<int>(std::min<int64_t>(16, n[m] - t0));
+    for (int64_t hq = 0; hq < GH; ++hq)
+      score_tile(qh[m] + hq * D, rows[m] + t0, (hq / G) * D, cnt, D, ksc, scores[m] + hq * n[m] + t0);
+  };
+  auto pv_tiles = [&](int64_t m, int64_t t0) {
+    const int64_t cnt = std::min<int64_t>(16, n[m] - t0);
+    for (int64_t hh = 0; hh < hpi; ++hh) {
+      for (int64_t g0 = 0; g0 < G; g0 += 4) {
+        const float* p = scores[m] + (hh * G + g0) * n[m] + t0;
+        float* o = out[m] + (hh * G + g0) * D;
+        const int64_t off = voff + hh * D;
+        switch (std::min<int64_t>(4, G - g0)) {
+          case 4: pv_heads<T, 4>(p, n[m], rows[m] + t0, off, cnt, o, D, t0 == 0); break;
+          case 3: pv_heads<T, 3>(p, n[m], rows[m] + t0, off, cnt, o, D, t0 == 0); break;
+          case 2: pv_heads<T, 2>(p, n[m], rows[m] + t0, off, cnt, o, D, t0 == 0); break;
+          default: pv_heads<T, 1>(p, n[m], rows[m] + t0, off, cnt, o, D, t0 == 0); break;
+        }
+      }
+    }
+  };
+  for (int64_t t0 = 0; t0 < shared; t0 += 16) {
+    prefetch_rows(rows[0], t0 + 16, std::min(shared, t0 + 32), 0, bytes);
+    for (int64_t m = 0; m < M; ++m) score_tiles(m, t0);
+  }
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t t0 = shared; t0 < n[m]; t0 += 16) {
+      prefetch_rows(rows[m], t0 + 16, std::min(n[m], t0 + 32), 0, bytes);
+      score_tiles(m, t0);
+    }
+    for (int64_t g = 0; g < GH; ++g) {
+      float* sg = scores[m] + g * n[m];
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t t = 0; t < n[m]; ++t) mx = std::max(mx, sg[t]);
+      const float inv = v_mul / exp_shifted_sum(sg, n[m], mx);
+      for (int64_t t = 0; t < n[m]; ++t) sg[t] *= inv;
+    }
+  }
+  prefetch_rows(rows[0], 0, std::min<int64_t>(n[0], 16), voff, bytes);
+  for (int64_t t0 = 0; t0 < shared; t0 += 16) {
+    prefetch_rows(rows[0], t0 + 16, std::min(shared, t0 + 32), voff, bytes);
+    for (int64_t m = 0; m < M; ++m) pv_tiles(m, t0);
+  }
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t t0 = shared; t0 < n[m]; t0 += 16) {
+      prefetch_rows(rows[m], t0 + 16, std::min(n[m], t0 + 32), voff, bytes);
+      pv_tiles(m, t0);
+    }
+  }
+}
+
+#endif
+
+std::vector<AttnItem> attn_items(const int64_t* bt, int64_t MB, const int64_t* sl, int64_t B, int64_t BS,
+                                 int64_t Hkv, int64_t window) {
+  constexpr int64_t kMinShared = 64;
+  const int64_t nth = at::get_num_threads();
+  std::vector<std::vector<int64_t>> groups;
+  std::vector<int64_t> group_shared;
+  std::vector<int64_t> single;
+  std::vector<bool> done(B, false);
+  for (int64_t b = 0; b < B; ++b) {
+    if (done[b]) continue;
+    std::vector<int64_t> g{b};
+    int64_t blocks = MB;
+    for (int64_t c = b + 1; c < B && window <= 0; ++c) {
+      if (done[c] || bt[c * MB] != bt[b * MB]) continue;
+      const int64_t full = std::min(sl[b], sl[c]) / BS;  // blocks wholly inside both contexts
+      int64_t j = 0;
+      while (j < full && bt[c * MB + j] == bt[b * MB + j]) ++j;
+      if (j * BS < kMinShared) continue;
+      g.push_back(c);
+      blocks = std::min(blocks, j);
+    }
+    if (g.size() < 2) {
+      single.push_back(b);
+      continue;
+    }
+    for (int64_t c : g) done[c] = true;
+    groups.push_back(g);
+    group_shared.push_back(blocks * BS);
+  }
+  std::vector<AttnItem> items;
+  const int64_t hpi = static_cast<int64_t>(single.size()) >= 2 * nth ? Hkv : 1;
+  for (int64_t b : single)
+    for (int64_t h0 = 0; h0 < Hkv; h0 += hpi) items.push_back({{b}, h0, hpi, 0});
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const int64_t M = static_cast<int64_t>(groups[i].size());
+    const int64_t want = (2 * nth + Hkv * static_cast<int64_t>(groups.size()) - 1) /
+                         (Hkv * static_cast<int64_t>(groups.size()));
+    const int64_t chunks = std::max<int64_t>(1, std::min(M, want));
+    for (int64_t c = 0; c < chunks; ++c) {
+      std::vector<int64_t> part(groups[i].begin() + c * M / chunks, groups[i].begin() + (c + 1) * M / chunks);
+      for (int64_t h0 = 0; h0 < Hkv; ++h0) items.push_back({part, h0, 1, group_shared[i]});
+    }
+  }
+  return items;
+}
+
+// Decode attention for B sequences (declared, with its parameters, in attention.h).
+template <typename T>
+void attend(const float* q, int64_t q_stride, float* out, int64_t out_stride, const T* kc, const T* vc, int64_t BS,
+            int64_t Hkv, int64_t D, int64_t G, const int64_t* bt, int64_t MB, const int64_t* sl, int64_t B, float sc,
+            int64_t window, float k_mul, float v_mul, const std::vector<AttnItem>* plan) {
+  // Work items: one sequence with all its kv heads when there are enough sequences for the
+  // threads (its K/V tokens are then read as whole contiguous rows), else one (sequence, kv head).
+  const int64_t hpi = B >= 2 * at::get_num_threads() ? Hkv : 1;  // kv heads per item
+  const int64_t GH = G * hpi;  // query heads per item
+#if defined(__AVX512F__)
+  if (D % 16 == 0) {
+    std::vector<AttnItem> own;
+    if (plan == nullptr) own = attn_items(bt, MB, sl, B, BS, Hkv, window);
+    const std::vector<AttnItem>& items = plan != nullptr ? *plan : own;
+    at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
+      std::vector<std::vector<float>> scores;
+      std::vector<std::vector<const T*>> rows;
+      std::vector<const float*> qh;
+      std::vector<float*> oh, sp;
+      std::vector<const T* const*> rp;
+      std::vector<int64_t> n;
+      const int64_t row = Hkv * D;
+      for (int64_t i = begin; i < end; ++i) {
+        const AttnItem& it = items[i];
+        const int64_t M = static_cast<int64_t>(it.members.size());
+        scores.resize(M);
+        rows.resize(M);
+        qh.resize(M), oh.resize(M), sp.resize(M), rp.resize(M), n.resize(M);
+        for (int64_t m = 0; m < M; ++m) {
+          const int64_t b = it.members[m], len = sl[b];
+          const int64_t lo = window > 0 ? std::max<int64_t>(0, len - window) : 0;
+          n[m] = len - lo;
+          scores[m].resize(it.hpi * G * n[m]);
+          rows[m].resize(n[m]);
+          for (int64_t t = lo; t < len; ++t)
+            rows[m][t - lo] = kc + (bt[b * MB + t / BS] * BS + t % BS) * row + it.h0 * D;
+          qh[m] = q + b * q_stride + it.h0 * G * D;
+          oh[m] = out + b * out_stride + it.h0 * G * D;
+          sp[m] = scores[m].data();
+          rp[m] = rows[m].data();
+        }
+        attend_members<T>(qh.data(), oh.data(), rp.data(), n.data(), M, it.shared, vc - kc, it.hpi, G, D,
+                          sc * k_mul, v_mul, sp.data());
+      }
+    });
+    return;
+  }
+#endif
+  at::parallel_for(0, B * (Hkv / hpi), 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    std::vector<float> acc(GH * D);
+    std::vector<float> buf(D);
+    std::vector<float> dk(G);
+    const float ksc = sc * k_mul;
+    const int64_t row = Hkv * D;  // one token's K (or V) in a page
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t b = i / (Hkv / hpi), h0 = (i % (Hkv / hpi)) * hpi;
+      const int64_t len = sl[b];
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, len - window) : 0;
+      const int64_t n = len - lo;
+      scores.resize(GH * n);
+      const float* qb = q + b * q_stride + h0 * G * D;
+      // page by page: no division per position
+      for (int64_t j = lo / BS; j * BS < len; ++j) {
+        const T* page = kc + (bt[b * MB + j] * BS * Hkv + h0) * D;
+        const int64_t t1 = std::min(len, (j + 1) * BS);
+        for (int64_t t = std::max(lo, j * BS); t < t1; ++t) {
+          const T* tok = page + (t - j * BS) * row;
+          for (int64_t hh = 0; hh < hpi; ++hh) {
+            dots(qb + hh * G * D, load_row(tok + hh * D, buf.data(), D), D, G, dk.data());
+            for (int64_t g = 0; g < G; ++g) scores[(hh * G + g) * n + (t - lo)] = dk[g] * ksc;
+          }
+        }
+      }
+      for (int64_t g = 0; g < GH; ++g) {
+        float* sg = scores.data() + g * n;
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t t = 0; t < n; ++t) mx = std::max(mx, sg[t]);
+        const float sum = exp_shifted_sum(sg, n, mx);
+        const float inv = v_mul / sum;
+        for (int64_t t = 0; t < n; ++t) sg[t] *= inv;
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t j = lo / BS; j * BS < len; ++j) {
+        const T* page = vc + (bt[b * MB + j] * BS * Hkv + h0) * D;
+        const int64_t t1 = std::min(len, (j + 1) * BS);
+        for (int64_t t = std::max(lo, j * BS); t < t1; ++t) {
+          const T* tok = page + (t - j * BS) * row;
+          for (int64_t hh = 0; hh < hpi; ++hh)
+            axpys(acc.data() + hh * G * D, scores.data() + hh * G * n + (t - lo), n,
+                  load_row(tok + hh * D, buf.data(), D), D, G);
+        }
+      }
+      std::copy(acc.begin(), acc.end(), out + b * out_stride + h0 * G * D);
+    }
+  });
+}
+
+template void attend<float>(const float*, int64_t, float*, int64_t, const float*, const float*, int64_t, int64_t,
+                            int64_t, int64_t, const int64_t*, int64_t, const int64_t*, int64_t, float, int64_t,
+                            float, float, const std::vector<AttnItem>*);
+template void attend<uint8_t>(const float*, int64_t, float*, int64_t, const uint8_t*, const uint8_t*, int64_t,
+                              int64_t, int64_t, int64_t, const int64_t*, int64_t, const int64_t*, int64_t, float,
+                              int64_t, float, float, const std::vector<AttnItem>*);
+
+void check_tables(const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t B, int64_t NB,
+                  int64_t BS) {
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.scalar_type() == at::kLong && block_tables.is_contiguous(),
+              "block_tables: [B, MB] int64");
+  TORCH_CHECK(seq_lens.scalar_type() == at::kLong && seq_lens.is_contiguous(), "seq_lens: int64");
+  TORCH_CHECK(block_tables.size(0) >= B && seq_lens.size(0) >= B, "one row per sequence");
+  const int64_t MB = block_tables.size(1);
+  const int64_t* bt = block_tables.data_ptr<int64_t>();
+  const int64_t* sl = seq_lens.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(sl[b] >= 1 && sl[b] <= MB * BS, "sequence length out of its block table");
+    for (int64_t j = 0; j < (sl[b] + BS - 1) / BS; ++j)
+      TORCH_CHECK(bt[b * MB + j] >= 0 && bt[b * MB + j] < NB, "block id out of the cache");
+  }
+}
+
+void check_cache(const at::Tensor& kv_cache, int64_t D, bool fp8_ok) {
+  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.is_contiguous() &&
+              (kv_cache.scalar_type() == at::kFloat ||
+               (fp8_ok && kv_cache.scalar_type() == at::ScalarType::Float8_e4m3fn)),
+              "kv_cache: [2, NB, BS, Hkv, D] contiguous, fp32 (or fp8 e4m3fn in decode_layers)");
+  TORCH_CHECK(kv_cache.size(0) == 2 && kv_cache.size(4) == D, "kv_cache head_dim");
+}
+
+// q [B, Hq, D] fp32; kv_cache [2, NB, BS, Hkv, D] fp32; block_tables [B, MB] int64;
+// seq_lens [B] int64 (context length, this step's token included); window <= 0: none.
+at::Tensor decode_attention(at::Tensor q, at::Tensor kv_cache, at::Tensor block_tables,
+                            at::Tensor seq_lens, double scale, int64_t window) {
+  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.is_contiguous(), "q: [B, Hq, D] fp32");
+  pybind11::gil_scoped_release no_gil;  // pure tensor work: let the server's event loop run meanwhile
+  const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2);
+  check_cache(kv_cache, D);
+  const int64_t NB = kv_cache.size(1), BS = kv_cache.size(2), Hkv = kv_cache.size(3);
+  TORCH_CHECK(Hq % Hkv == 0, "query heads must be a multiple of kv heads");
+  check_tables(block_tables, seq_lens, B, NB, BS);
+  auto out = at::empty_like(q);
+  const float* kc = kv_cache.data_ptr<float>();
+  attend<float>(q.data_ptr<float>(), Hq * D, out.data_ptr<float>(), Hq * D, kc, kc + NB * BS * Hkv * D, BS, Hkv, D,
+         Hq / Hkv, block_tables.data_ptr<int64_t>(), block_tables.size(1), seq_lens.data_ptr<int64_t>(), B,
+         static_cast<float>(scale), window);
+  return out;
+}
+
+}  // namespace edgellm::cpu

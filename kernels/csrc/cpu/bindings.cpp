@@ -1,0 +1,21 @@
+// The Python module: the ops below and nothing else (torch::wrap_pybind_function turns c10 errors,
+// e.g. a failed TORCH_CHECK, into Python exceptions).
+#include <torch/extension.h>
+
+#include "activation.h"
+#include "attention.h"
+#include "decode_layers.h"
+#include "norm.h"
+#include "qgemm.h"
+#include "rotary.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("decode_attention", torch::wrap_pybind_function(edgellm::cpu::decode_attention), "decode_attention");
+  m.def("decode_layers", torch::wrap_pybind_function(edgellm::cpu::decode_layers), "decode_layers");
+  m.def("rotate_", torch::wrap_pybind_function(edgellm::cpu::rotate_), "rotate_");
+  m.def("silu_mul", torch::wrap_pybind_function(edgellm::cpu::silu_mul), "silu_mul");
+  m.def("rms_norm", torch::wrap_pybind_function(edgellm::cpu::rms_norm), "rms_norm");
+  m.def("layout", &edgellm::cpu::layout, "the fused decode's per-layer layout (decode_layers.h)");
+  m.def("int_linear", torch::wrap_pybind_function(edgellm::cpu::int_linear_op), "int_linear");
+  m.def("quantize_rows", torch::wrap_pybind_function(edgellm::cpu::quantize_rows), "quantize_rows");
+}

@@ -1,0 +1,161 @@
+// A decode-only step (one token per sequence) through every decoder layer in one call: RMSNorm,
+// the matmuls (the same ATen ops the Python path calls), rotary, the K/V write, the attention,
+// SiLU-and-mul and both residual adds (see kernels/cpu_native.py).
+#include "decode_layers.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/_weight_int4pack_mm_for_cpu.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/silu.h>
+#include <pybind11/pybind11.h>
+#include <algorithm>
+#include <c10/util/Float8_e4m3fn.h>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "attention.h"
+#include "qgemm.h"
+#include "norm.h"
+#include "rotary.h"
+
+namespace edgellm::cpu {
+
+// y = x W^T for a bf16 weight in oneDNN's blocked layout (quant/backends.pack_bf16): the op the
+// Python path calls, through the dispatcher (it has no C++ API of its own).
+static at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& w) {
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+  std::vector<c10::IValue> stack{x, w, c10::IValue(), c10::IValue(std::string("none")),
+                                 c10::IValue(c10::List<std::optional<at::Scalar>>()), c10::IValue()};
+  op.callBoxed(&stack);
+  return stack[0].toTensor();
+}
+
+// y = x W^T (+ bias) for one linear laid out as decode_layers.h says (t: its LINEAR_TENSORS
+// tensors, m: its LINEAR_META ints). Empty tensors mean "absent".
+static at::Tensor linear(const at::Tensor& x, const at::Tensor* t, const int64_t* m) {
+  const at::Tensor &a = t[0], &b = t[1], &c = t[2], &dense = t[3], &bias = t[4];
+  const int64_t kind = m[0], group = m[1], max_rows = m[2];
+  const bool small = x.size(0) <= max_rows;
+  if (kind == LINEAR_INT_DOT && (small || dense.numel() == 0)) {
+    return int_linear(x.contiguous(), a, b, c, 4, group, bias);
+  }
+  at::Tensor y;
+  if (kind == LINEAR_TINYGEMM && small) {
+    y = at::_weight_int4pack_mm_for_cpu(x.to(at::kBFloat16), a, group, b).to(at::kFloat);
+  } else if (dense.is_mkldnn()) {
+    y = packed_linear(x.to(at::kBFloat16), dense).to(at::kFloat);
+  } else if (dense.scalar_type() == at::kBFloat16) {
+    y = at::linear(x.to(at::kBFloat16), dense).to(at::kFloat);
+  } else {
+    y = at::linear(x, dense);
+  }
+  if (bias.numel() > 0) y.add_(bias);
+  return y;
+}
+
+std::vector<int64_t> layout() { return {PER_LAYER, META_PER_LAYER, LINEAR_TENSORS, LINEAR_META}; }
+
+// One decode-only step through all layers (declared, with the per-layer tensors, in decode_layers.h).
+at::Tensor decode_layers(at::Tensor x, at::Tensor cos, at::Tensor sin, at::Tensor slots,
+                         at::Tensor block_tables, at::Tensor seq_lens, std::vector<at::Tensor> w,
+                         std::vector<int64_t> meta, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                         int64_t intermediate, double eps, double scale, std::vector<double> kv_scales) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x: [B, H] fp32");
+  pybind11::gil_scoped_release no_gil;  // pure tensor work: let the server's event loop run meanwhile
+  TORCH_CHECK(w.size() % PER_LAYER == 0 && meta.size() == w.size() / PER_LAYER * META_PER_LAYER, "per-layer tensors");
+  const int64_t B = x.size(0), H = x.size(1), D = head_dim, Hq = num_heads, Hkv = num_kv_heads;
+  const int64_t G = Hq / Hkv, QKV = (Hq + 2 * Hkv) * D, I = intermediate;
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.numel() == B * D && sin.numel() == B * D, "cos/sin [B, D]");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.numel() == B, "slots: [B] int64");
+  const int64_t L = w.size() / PER_LAYER;
+  if (B == 0 || L == 0) return x;
+  check_cache(w[PER_LAYER - 1], D, true);
+  TORCH_CHECK(kv_scales.size() == 2 * static_cast<size_t>(w.size() / PER_LAYER), "two kv scales per layer");
+  const int64_t NB = w[PER_LAYER - 1].size(1), BS = w[PER_LAYER - 1].size(2);
+  TORCH_CHECK(w[PER_LAYER - 1].size(3) == Hkv && Hq % Hkv == 0, "kv heads");
+  check_tables(block_tables, seq_lens, B, NB, BS);
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) TORCH_CHECK(sp[b] >= 0 && sp[b] < NB * BS, "slot out of the cache");
+  const float* cp = cos.data_ptr<float>();
+  const float* snp = sin.data_ptr<float>();
+  float* xp = x.data_ptr<float>();
+  auto h = at::empty_like(x);
+  auto attn = at::empty({B, Hq * D}, x.options());
+  // the attention's work items depend on the tables and on whether a layer has a window: made
+  // once per step (index 0: no window, 1: windowed), not once per layer
+  std::vector<AttnItem> plans[2];
+  bool planned[2] = {false, false};
+  auto plan_for = [&](int64_t window) -> const std::vector<AttnItem>* {
+    const int k = window > 0 ? 1 : 0;
+    if (!planned[k]) {
+      plans[k] = attn_items(block_tables.data_ptr<int64_t>(), block_tables.size(1), seq_lens.data_ptr<int64_t>(),
+                            B, BS, Hkv, window);
+      planned[k] = true;
+    }
+    return &plans[k];
+  };
+  for (int64_t l = 0; l < L; ++l) {
+    const at::Tensor* t = w.data() + l * PER_LAYER;
+    const int64_t* m = meta.data() + l * META_PER_LAYER;
+    const int64_t window = m[4 * LINEAR_META];
+    const at::Tensor& cache = t[PER_LAYER - 1];
+    check_cache(cache, D, true);
+    TORCH_CHECK(cache.size(1) == NB && cache.size(2) == BS && cache.size(3) == Hkv, "kv caches differ across layers");
+    const bool fp8 = cache.scalar_type() == at::ScalarType::Float8_e4m3fn;
+    const float k_scale = static_cast<float>(kv_scales[2 * l]), v_scale = static_cast<float>(kv_scales[2 * l + 1]);
+    // attention block
+    float* hp = h.data_ptr<float>();
+    const float* n1 = t[0].data_ptr<float>();
+    for (int64_t b = 0; b < B; ++b) rmsnorm(xp + b * H, n1, hp + b * H, H, static_cast<float>(eps));
+    auto qkv = linear(h, t + 1, m).contiguous();
+    TORCH_CHECK(qkv.size(1) == QKV, "qkv width");
+    float* qp = qkv.data_ptr<float>();
+    rotate_rows(qp, QKV, cp, snp, B, Hq + Hkv, D);  // q heads, then k heads
+    if (fp8) {  // as kernels/paged_attention.write_kv_ref: clamp(x / scale, +-448), round to e4m3
+      uint8_t* kc = reinterpret_cast<uint8_t*>(cache.data_ptr());
+      uint8_t* vc = kc + NB * BS * Hkv * D;
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t slot = sp[b];
+        for (int64_t j = 0; j < Hkv * D; ++j) {
+          const float kq = std::min(std::max(qp[b * QKV + Hq * D + j] / k_scale, -448.f), 448.f);
+          const float vq = std::min(std::max(qp[b * QKV + (Hq + Hkv) * D + j] / v_scale, -448.f), 448.f);
+          kc[slot * Hkv * D + j] = c10::Float8_e4m3fn(kq).x;
+          vc[slot * Hkv * D + j] = c10::Float8_e4m3fn(vq).x;
+        }
+      }
+      attend<uint8_t>(qp, QKV, attn.data_ptr<float>(), Hq * D, kc, vc, BS, Hkv, D, G,
+                      block_tables.data_ptr<int64_t>(), block_tables.size(1), seq_lens.data_ptr<int64_t>(), B,
+                      static_cast<float>(scale), window, k_scale, v_scale, plan_for(window));
+    } else {
+      float* kc = cache.data_ptr<float>();
+      float* vc = kc + NB * BS * Hkv * D;
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t slot = sp[b];
+        std::copy(qp + b * QKV + Hq * D, qp + b * QKV + (Hq + Hkv) * D, kc + slot * Hkv * D);
+        std::copy(qp + b * QKV + (Hq + Hkv) * D, qp + (b + 1) * QKV, vc + slot * Hkv * D);
+      }
+      attend<float>(qp, QKV, attn.data_ptr<float>(), Hq * D, kc, vc, BS, Hkv, D, G,
+                    block_tables.data_ptr<int64_t>(), block_tables.size(1), seq_lens.data_ptr<int64_t>(), B,
+                    static_cast<float>(scale), window, 1.f, 1.f, plan_for(window));
+    }
+    auto o = linear(attn, t + 1 + LINEAR_TENSORS, m + LINEAR_META).contiguous();
+    const float* op = o.data_ptr<float>();
+    for (int64_t i = 0; i < B * H; ++i) xp[i] += op[i];
+    // MLP block
+    const float* n2 = t[1 + 2 * LINEAR_TENSORS].data_ptr<float>();
+    for (int64_t b = 0; b < B; ++b) rmsnorm(xp + b * H, n2, hp + b * H, H, static_cast<float>(eps));
+    auto gu = linear(h, t + 2 + 2 * LINEAR_TENSORS, m + 2 * LINEAR_META);
+    TORCH_CHECK(gu.size(1) == 2 * I, "gate_up width");
+    auto act = at::silu(gu.narrow(1, 0, I)).mul_(gu.narrow(1, I, I));
+    auto d = linear(act, t + 2 + 3 * LINEAR_TENSORS, m + 3 * LINEAR_META).contiguous();
+    const float* dp = d.data_ptr<float>();
+    for (int64_t i = 0; i < B * H; ++i) xp[i] += dp[i];
+  }
+  return x;
+}
+
+}  // namespace edgellm::cpu

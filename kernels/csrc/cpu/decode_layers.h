@@ -1,0 +1,37 @@
+// The fused decode pass over all decoder layers (decode_layers.cpp).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <cstdint>
+#include <vector>
+
+namespace edgellm::cpu {
+
+// The per-layer layout (models/fused_decode.py builds it; layout() reports these so that Python
+// checks it against its own at load). One linear is LINEAR_TENSORS tensors (a, b, c, dense, bias)
+// and LINEAR_META ints (kind, group, max_rows):
+//   kind 0: dense only (fp32, or bf16 plain / oneDNN-blocked);
+//   kind 1: torch's int4 GEMV up to max_rows rows (a: packed, b: scale_zero; group: its group);
+//   kind 2: integer dots up to max_rows rows (a: qweight, b: scale, c: offset; qgemm.h), the
+//           dense matrix beyond when given.
+constexpr int64_t LINEAR_DENSE = 0, LINEAR_TINYGEMM = 1, LINEAR_INT_DOT = 2;
+constexpr int64_t LINEAR_TENSORS = 5, LINEAR_META = 3;
+// input norm, qkv, o, post norm, gate_up, down, kv cache
+constexpr int64_t PER_LAYER = 2 + 4 * LINEAR_TENSORS + 1;
+constexpr int64_t META_PER_LAYER = 4 * LINEAR_META + 1;  // the 4 linears', then the sliding window
+
+// One decode-only step through all layers. x [B, H] fp32 (embeddings in, hidden states out, updated
+// in place); cos/sin [B, D] fp32 (neox halves); slots [B] int64 (where each token's K/V go);
+// block_tables [B, MB] int64; seq_lens [B] int64. Per layer, PER_LAYER tensors in `w`:
+//   input norm weight; qkv (LINEAR_TENSORS); o; post norm weight; gate_up; down; the kv cache
+// with META_PER_LAYER ints in `meta`: qkv, o, gate_up, down (LINEAR_META each), the sliding
+// window (<= 0: none).
+at::Tensor decode_layers(at::Tensor x, at::Tensor cos, at::Tensor sin, at::Tensor slots,
+                         at::Tensor block_tables, at::Tensor seq_lens, std::vector<at::Tensor> w,
+                         std::vector<int64_t> meta, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                         int64_t intermediate, double eps, double scale, std::vector<double> kv_scales);
+
+// {PER_LAYER, META_PER_LAYER, LINEAR_TENSORS, LINEAR_META}
+std::vector<int64_t> layout();
+
+}  // namespace edgellm::cpu

@@ -1,0 +1,341 @@
+// Integer-dot matmuls for int4 and int8 weights with int8 activations (the contract: qgemm.h).
+//
+// Activations are quantized once per call, per row and 32-column block (llama.cpp's Q8_0 rule),
+// then every output is a sum over blocks of d_b * scale * dot(q_b, a_b) with the block dot in
+// exact integer arithmetic:
+//   AVX2: int4 codes are unsigned (0..15), so vpmaddubsw multiplies them with the signed
+//   activations directly (pairs of u8 x s8 into s16: at most 2 * 15 * 127, no saturation), then
+//   vpmaddwd against ones sums pairs into 8 int32 lanes. int8 codes take the sign trick
+//   (|w| x sign(a, w)), at most 2 * 128 * 127 per pair. The block's 8 lanes are converted to
+//   fp32 and accumulated with the block's scale by one FMA; one horizontal sum per output.
+//   A zero point or offset adds offset * sum_b d_b * sum(a_b), precomputed per activation group.
+//   Elsewhere (no AVX2) the same sums in scalar code.
+// Work is split over torch's threads by tiles of output rows; each tile's weight rows stay in
+// L1 while every activation row passes over them.
+#include "qgemm.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <pybind11/pybind11.h>
+#include <c10/util/Half.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace edgellm::cpu {
+namespace {
+
+constexpr int64_t QB = 32;  // activation block (columns)
+
+inline float load_scale(const float* p) { return *p; }
+inline float load_scale(const c10::Half* p) {
+#if defined(__F16C__)
+  return _cvtsh_ss(reinterpret_cast<const uint16_t*>(p)[0]);
+#else
+  return static_cast<float>(*p);
+#endif
+}
+
+#if defined(__AVX2__)
+inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline float hmax8(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#endif
+
+// One row of K columns -> int8 codes, per-block d, per-group sum of d_b * sum(a_b).
+void quantize_row(const float* x, int64_t K, int64_t group, int8_t* a, float* d, float* dsum) {
+  const int64_t blocks_per_group = group / QB;
+  for (int64_t g = 0; g < K / group; ++g) {
+    float ds = 0.f;
+    for (int64_t b = g * blocks_per_group; b < (g + 1) * blocks_per_group; ++b) {
+      const float* xb = x + b * QB;
+      int8_t* ab = a + b * QB;
+#if defined(__AVX2__)
+      const __m256 sign = _mm256_set1_ps(-0.f);
+      __m256 v[4];
+      __m256 mx = _mm256_setzero_ps();
+      for (int i = 0; i < 4; ++i) {
+        v[i] = _mm256_loadu_ps(xb + 8 * i);
+        mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[i]));
+      }
+      const float amax = hmax8(mx);
+      const float db = amax / 127.f;
+      const __m256 id = _mm256_set1_ps(db > 0.f ? 1.f / db : 0.f);
+      __m256i r[4];
+      for (int i = 0; i < 4; ++i)
+        r[i] = _mm256_cvtps_epi32(
+            _mm256_round_ps(_mm256_mul_ps(v[i], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      const __m256i s32 = _mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3]));
+      const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(ab),
+                          _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+      __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+      s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+      s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+      const int32_t sum = _mm_cvtsi128_si32(s);
+#else
+      float amax = 0.f;
+      for (int64_t j = 0; j < QB; ++j) amax = std::max(amax, std::fabs(xb[j]));
+      const float db = amax / 127.f;
+      const float id = db > 0.f ? 1.f / db : 0.f;
+      int32_t sum = 0;
+      for (int64_t j = 0; j < QB; ++j) {
+        ab[j] = static_cast<int8_t>(std::nearbyint(xb[j] * id));
+        sum += ab[j];
+      }
+#endif
+      d[b] = db;
+      ds += db * static_cast<float>(sum);
+    }
+    dsum[g] = ds;
+  }
+}
+
+struct Acts {
+  const int8_t* a;     // [M, K]
+  const float* d;      // [M, K / 32]
+  const float* dsum;   // [M, G]
+  int64_t K, nb, G;
+};
+
+template <typename S>
+struct Weights {
+  const uint8_t* q;    // int4: [N, K / 2]; int8: [N, K] (as bytes)
+  const S* scale;      // [N, G]
+  const S* offset;     // [N, G] or nullptr
+  int64_t row_bytes, G, blocks_per_group;
+};
+
+// sum_g o[g] * ds[g] over G groups (offset x per-group activation sums), o fp32 or fp16.
+template <typename S>
+inline float offset_dot(const S* o, const float* ds, int64_t G) {
+  int64_t g = 0;
+  float sum = 0.f;
+#if defined(__AVX2__)
+  __m256 acc = _mm256_setzero_ps();
+  for (; g + 8 <= G; g += 8) {
+    __m256 ov;
+    if constexpr (std::is_same_v<S, float>) {
+      ov = _mm256_loadu_ps(o + g);
+    } else {
+      ov = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o + g)));
+    }
+    acc = _mm256_fmadd_ps(ov, _mm256_loadu_ps(ds + g), acc);
+  }
+  sum = hsum8(acc);
+#endif
+  for (; g < G; ++g) sum += load_scale(o + g) * ds[g];
+  return sum;
+}
+
+// Outputs y[m][n0 .. n0 + NR) for the activation rows m0 .. m0 + MR.
+template <int BITS, int NR, int MR, typename S>
+void tile(const Weights<S>& w, int64_t n0, const Acts& x, int64_t m0, float* y, int64_t ldy, const float* bias) {
+  constexpr int64_t BLOCK_BYTES = BITS == 4 ? QB / 2 : QB;
+  const uint8_t* wq[NR];
+  const S* ws[NR];
+  for (int r = 0; r < NR; ++r) {
+    wq[r] = w.q + (n0 + r) * w.row_bytes;
+    ws[r] = w.scale + (n0 + r) * w.G;
+  }
+  const int8_t* xa[MR];
+  const float* xd[MR];
+  for (int m = 0; m < MR; ++m) {
+    xa[m] = x.a + (m0 + m) * x.K;
+    xd[m] = x.d + (m0 + m) * x.nb;
+  }
+  const int64_t nb = x.nb, bpg = w.blocks_per_group;
+#if defined(__AVX2__)
+  __m256 acc[NR][MR];
+  for (int r = 0; r < NR; ++r)
+    for (int m = 0; m < MR; ++m) acc[r][m] = _mm256_setzero_ps();
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 sv[NR];
+  for (int64_t b = 0, left = 0, g = 0; b < nb; ++b, --left) {
+    if (left == 0) {  // a new weight group: its scales
+      for (int r = 0; r < NR; ++r) sv[r] = _mm256_set1_ps(load_scale(ws[r] + g));
+      left = bpg;
+      ++g;
+    }
+    __m256i q[NR];
+    for (int r = 0; r < NR; ++r) {
+      const uint8_t* p = wq[r] + b * BLOCK_BYTES;
+      if constexpr (BITS == 4) {
+        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+        q[r] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low4);
+      } else {
+        q[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+      }
+    }
+    for (int m = 0; m < MR; ++m) {
+      const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xa[m] + b * QB));
+      const __m256 dv = _mm256_broadcast_ss(xd[m] + b);
+      for (int r = 0; r < NR; ++r) {
+        __m256i p16;
+        if constexpr (BITS == 4) {
+          p16 = _mm256_maddubs_epi16(q[r], av);
+        } else {
+          p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(q[r], q[r]), _mm256_sign_epi8(av, q[r]));
+        }
+        const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+        acc[r][m] = _mm256_fmadd_ps(p, _mm256_mul_ps(sv[r], dv), acc[r][m]);
+      }
+    }
+  }
+#else
+  float acc[NR][MR] = {};
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int r = 0; r < NR; ++r) {
+      const uint8_t* p = wq[r] + b * BLOCK_BYTES;
+      const float s = load_scale(ws[r] + b / bpg);
+      for (int m = 0; m < MR; ++m) {
+        const int8_t* av = xa[m] + b * QB;
+        int32_t dot = 0;
+        for (int64_t j = 0; j < QB; ++j) {
+          int32_t qj;
+          if constexpr (BITS == 4) {
+            qj = j < QB / 2 ? (p[j] & 15) : (p[j - QB / 2] >> 4);
+          } else {
+            qj = static_cast<int8_t>(p[j]);
+          }
+          dot += qj * av[j];
+        }
+        acc[r][m] += static_cast<float>(dot) * (s * xd[m][b]);
+      }
+    }
+  }
+#endif
+  for (int r = 0; r < NR; ++r) {
+    const float bv = bias != nullptr ? bias[n0 + r] : 0.f;
+    for (int m = 0; m < MR; ++m) {
+#if defined(__AVX2__)
+      float out = hsum8(acc[r][m]);
+#else
+      float out = acc[r][m];
+#endif
+      if (w.offset != nullptr) out += offset_dot(w.offset + (n0 + r) * w.G, x.dsum + (m0 + m) * x.G, w.G);
+      y[(m0 + m) * ldy + n0 + r] = out + bv;
+    }
+  }
+}
+
+constexpr int NR = 4;  // output rows per tile
+constexpr int MR = 2;  // activation rows sharing one pass over the tile's unpacked weights
+
+template <int BITS, int R, typename S>
+void rows(const Weights<S>& w, int64_t n0, const Acts& x, int64_t M, float* y, int64_t ldy, const float* bias) {
+  int64_t m = 0;
+  for (; m + MR <= M; m += MR) tile<BITS, R, MR>(w, n0, x, m, y, ldy, bias);
+  for (; m < M; ++m) tile<BITS, R, 1>(w, n0, x, m, y, ldy, bias);
+}
+
+template <int BITS, typename S>
+void run(const Weights<S>& w, int64_t N, const Acts& x, int64_t M, float* y, const float* bias) {
+  const int64_t tiles = (N + NR - 1) / NR;
+  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n0 = t * NR;
+      if (n0 + NR <= N) {
+        rows<BITS, NR>(w, n0, x, M, y, N, bias);
+      } else {
+        for (int64_t n = n0; n < N; ++n) rows<BITS, 1>(w, n, x, M, y, N, bias);
+      }
+    }
+  });
+}
+
+Acts quantize(const at::Tensor& x, int64_t group, at::Tensor& a, at::Tensor& d, at::Tensor& dsum) {
+  const int64_t M = x.size(0), K = x.size(1);
+  a = at::empty({M, K}, x.options().dtype(at::kChar));
+  d = at::empty({M, K / QB}, x.options());
+  dsum = at::empty({M, K / group}, x.options());
+  const float* xp = x.data_ptr<float>();
+  int8_t* ap = a.data_ptr<int8_t>();
+  float* dp = d.data_ptr<float>();
+  float* sp = dsum.data_ptr<float>();
+  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m)
+      quantize_row(xp + m * K, K, group, ap + m * K, dp + m * (K / QB), sp + m * (K / group));
+  });
+  return Acts{ap, dp, sp, K, K / QB, K / group};
+}
+
+void check_acts(const at::Tensor& x, int64_t group) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x: [M, K] fp32, contiguous");
+  TORCH_CHECK(group > 0 && group % QB == 0 && x.size(1) % group == 0,
+              "group must be a multiple of 32 dividing K, got ", group, " for K = ", x.size(1));
+}
+
+}  // namespace
+
+std::vector<at::Tensor> quantize_rows(const at::Tensor& x, int64_t group) {
+  check_acts(x, group);
+  at::Tensor a, d, dsum;
+  quantize(x, group, a, d, dsum);
+  return {a, d, dsum};
+}
+
+at::Tensor int_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                         const at::Tensor& offset, int64_t bits, int64_t group, const at::Tensor& bias) {
+  check_acts(x, group);
+  TORCH_CHECK(bits == 4 || bits == 8, "bits must be 4 or 8");
+  const int64_t M = x.size(0), K = x.size(1), N = qweight.size(0), G = K / group;
+  TORCH_CHECK(qweight.dim() == 2 && qweight.is_contiguous() && qweight.element_size() == 1 &&
+                  qweight.size(1) == (bits == 4 ? K / 2 : K),
+              "qweight: [N, K / 2] uint8 (int4) or [N, K] int8, contiguous");
+  TORCH_CHECK(scale.dim() == 2 && scale.size(0) == N && scale.size(1) == G && scale.is_contiguous() &&
+                  (scale.scalar_type() == at::kFloat || scale.scalar_type() == at::kHalf),
+              "scale: [N, K / group] fp32 or fp16, contiguous");
+  const bool has_offset = offset.numel() > 0;
+  TORCH_CHECK(!has_offset || (offset.sizes() == scale.sizes() && offset.scalar_type() == scale.scalar_type() &&
+                              offset.is_contiguous()),
+              "offset: like scale, or empty");
+  TORCH_CHECK(bits == 4 || !has_offset, "int8 weights take no offset");
+  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == N && bias.scalar_type() == at::kFloat && bias.is_contiguous()),
+              "bias: [N] fp32, or empty");
+  auto y = at::empty({M, N}, x.options());
+  if (M == 0) return y;
+  at::Tensor a, d, dsum;
+  const Acts acts = quantize(x, group, a, d, dsum);
+  const float* bp = bias.numel() > 0 ? bias.data_ptr<float>() : nullptr;
+  auto go = [&](auto tag) {
+    using S = decltype(tag);
+    const Weights<S> w{static_cast<const uint8_t*>(qweight.data_ptr()), reinterpret_cast<const S*>(scale.data_ptr()),
+                       has_offset ? reinterpret_cast<const S*>(offset.data_ptr()) : nullptr, qweight.size(1), G,
+                       group / QB};
+    if (bits == 4) {
+      run<4>(w, N, acts, M, y.data_ptr<float>(), bp);
+    } else {
+      run<8>(w, N, acts, M, y.data_ptr<float>(), bp);
+    }
+  };
+  if (scale.scalar_type() == at::kFloat) {
+    go(float{});
+  } else {
+    go(c10::Half{});
+  }
+  return y;
+}
+
+at::Tensor int_linear_op(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                         const at::Tensor& offset, int64_t bits, int64_t group, const at::Tensor& bias) {
+  pybind11::gil_scoped_release no_gil;  // pure tensor work: let the server's event loop run meanwhile
+  return int_linear(x, qweight, scale, offset, bits, group, bias);
+}
+
+}  // namespace edgellm::cpu

@@ -1,0 +1,184 @@
+"""CPU mode auto: int4 weights times int8-quantized activations by integer dot products
+(kernels/csrc/cpu/qgemm.cpp), for every x86 CPU with AVX2.
+
+The weight is repacked once at load: codes as 16 bytes per 32-column block (the layout the
+kernel unpacks with one shift and one mask), a scale and an offset per group
+(W = scale * q + offset covers zero points, symmetric codes and GGUF's Q4_1 minimum), in fp16
+when that is lossless, else fp32. Activations are quantized per call to int8 per 32-column
+block (llama.cpp's Q8_0 rule), so the result differs from the exact path only by that rounding:
+per output at most sum_b (d_b / 2) * sum_{k in b} |W[n, k]| (d_b: the block's step), and in
+practice its random-walk part (tests/test_kernels_cpu_int.py checks both against
+kernels/reference.py).
+
+Large steps (prefill) are compute-bound, and there a dense matmul may win: on AVX2 fp32 FMA
+and vpmaddubsw do the same multiply-adds per cycle, with bf16 units (AMX) bf16 wins outright.
+So the kernel may keep a dense copy (the load's budget permitting: bf16 where the CPU has bf16
+units, else fp32), and rows above `max_rows` use it. calibrate() measures the crossover for the
+loaded model at load time (never a constant tuned on one CPU) and drops the dense copies when
+integer dots win at every size it measures.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from edgellm.quant.linear_kernels.base import LinearKernel
+
+if TYPE_CHECKING:
+    from edgellm.platform import Platform
+    from edgellm.quant.schemes import Int4Codes
+
+logger = logging.getLogger(__name__)
+
+BLOCK = 32  # the kernel's activation block; groups must be multiples of it
+_EMPTY = torch.empty(0)
+
+
+def _compact_pair(scale: torch.Tensor, offset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both in fp16 when both are exactly fp16 values (halves the bytes a decode step reads for
+    g = 32), else both fp32."""
+    hs, ho = scale.half(), offset.half()
+    if torch.equal(hs.float(), scale) and torch.equal(ho.float(), offset):
+        return hs.contiguous(), ho.contiguous()
+    return scale.contiguous(), offset.contiguous()
+
+
+def int4_affine(codes: Int4Codes) -> tuple[torch.Tensor, torch.Tensor]:
+    """Int4Codes' W = (q - zero) * scale + offset as W = scale * q + offset', fp32 [N, G] each.
+    For fp16 scales and integer zeros, scale * zero is exact in fp32, so W is unchanged."""
+    scale = codes.scales.float()
+    zero = codes.zeros.float() if codes.zeros is not None else (8.0 if codes.offsets is None else 0.0)
+    offset = -scale * zero
+    if codes.offsets is not None:
+        offset = offset + codes.offsets.float()
+    return scale, offset
+
+
+def act_order_perm(codes: Int4Codes) -> tuple[bool, torch.Tensor | None]:
+    """(ok, perm): a g_idx that is a permutation of contiguous groups becomes a permutation of
+    x's columns (None: plain order); ok False when the groups are not that."""
+    if codes.g_idx is None:
+        return True, None
+    k = codes.codes.shape[1]
+    g = codes.g_idx.long()
+    plain = torch.arange(k) // codes.group_size
+    if torch.equal(g, plain):
+        return True, None
+    order = torch.argsort(g, stable=True)
+    return bool(torch.equal(g[order], plain)), order
+
+
+class CpuIntDotKernel(LinearKernel):
+    """int4 codes x int8 activations (see the module docstring); fp32 models on CPU."""
+
+    def __init__(self, codes: Int4Codes, native: Any, platform: Platform) -> None:
+        from edgellm.kernels.reference import pack_int4_blocks_ref
+        from edgellm.quant.backends import pack_bf16
+
+        _, perm = act_order_perm(codes)
+        q = codes.codes
+        if perm is not None:
+            q = q[:, perm]
+        self.native = native
+        self.n, self.k = q.shape
+        self.group = codes.group_size
+        self.perm = perm
+        self.qweight = pack_int4_blocks_ref(q)
+        self.scale, self.offset = _compact_pair(*int4_affine(codes))
+        self.max_rows = 1 << 62  # rows up to which the integer dots run (calibrate() lowers it)
+        self.dense: torch.Tensor | None = None
+        self.dense_bf16 = platform.isa.bf16_units
+        if platform.reserve_dense(self.n * self.k * (2 if self.dense_bf16 else 4)):
+            from edgellm.kernels.reference import int_weight_ref, unpack_int4_blocks_ref
+
+            w = int_weight_ref(unpack_int4_blocks_ref(self.qweight), self.scale, self.offset, self.group)
+            self.dense = pack_bf16(w) if self.dense_bf16 else w.contiguous()
+
+    @classmethod
+    def can_implement(cls, **spec: Any) -> tuple[bool, str | None]:
+        codes: Int4Codes | None = spec.get("codes")
+        platform: Platform | None = spec.get("platform")
+        if codes is None:
+            return False, "not int4 codes"
+        if platform is None or not platform.int_dot:
+            return False, "CPU mode is not auto (or the CPU has no AVX2)"
+        if spec.get("native") is None:
+            return False, "the C++ CPU kernels did not build"
+        if spec.get("dtype") != torch.float32:
+            return False, "the model is not fp32"
+        n, k = codes.codes.shape
+        if codes.group_size % BLOCK or k % codes.group_size:
+            return False, f"group {codes.group_size} is not a multiple of {BLOCK} dividing K = {k}"
+        if not act_order_perm(codes)[0]:
+            return False, "act-order groups that are not a permutation of contiguous ones"
+        return True, None
+
+    def int_dot(self, x2: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x2 [M, K] fp32 (stored column order) -> [M, N] fp32 by integer dots."""
+        b = _EMPTY if bias is None else bias
+        return self.native.int_linear(x2, self.qweight, self.scale, self.offset, 4, self.group, b)
+
+    def dense_matmul(self, x2: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        from edgellm.quant.backends import bf16_linear
+
+        if self.dense_bf16:
+            y = bf16_linear(x2.to(torch.bfloat16), self.dense).float()
+            return y if bias is None else y + bias
+        return F.linear(x2, self.dense, bias)
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        x2 = x.reshape(-1, self.k)
+        if self.perm is not None:
+            x2 = x2.index_select(1, self.perm)
+        x2 = x2.float().contiguous()
+        if x2.shape[0] <= self.max_rows or self.dense is None:
+            y = self.int_dot(x2, bias)
+        else:
+            y = self.dense_matmul(x2, bias)
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.n)
+
+
+CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def _time(fn, repeats: int = 3) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def calibrate(kernels: list[CpuIntDotKernel], layers: int = 2) -> int | None:
+    """Measure integer dots against the dense copies on the first `layers` layers' worth of
+    kernels (each kernel's shape, fresh random activations) at CALIBRATION_ROWS, set every
+    kernel's max_rows to the largest row count up to which the integer dots were not slower, and
+    drop the dense copies when they never won. Returns that crossover (None: nothing to measure)."""
+    with_dense = [k for k in kernels if k.dense is not None]
+    if not with_dense:
+        return None
+    sample = with_dense[: max(1, layers * 4)]
+    crossover = CALIBRATION_ROWS[-1]
+    dense_won = False
+    with torch.inference_mode():
+        for rows in CALIBRATION_ROWS:
+            xs = [torch.randn(rows, k.k) for k in sample]
+            t_int = _time(lambda: [k.int_dot(x, None) for k, x in zip(sample, xs)])
+            t_dense = _time(lambda: [k.dense_matmul(x, None) for k, x in zip(sample, xs)])
+            if t_dense < t_int:
+                dense_won = True
+                crossover = rows // 2 if rows > 1 else 0
+                break
+    for k in kernels:
+        k.max_rows = crossover if dense_won else 1 << 62
+        if not dense_won:
+            k.dense = None
+    logger.info("int-dot vs dense matmul crossover: %s", f"{crossover} rows" if dense_won else
+                f"integer dots at every size up to {CALIBRATION_ROWS[-1]} rows (dense copies dropped)")
+    return crossover if dense_won else None

@@ -1,0 +1,47 @@
+"""CPU mode auto: the logits head for rows that need nothing but their argmax, by integer dots.
+
+The head is the largest matrix of a small model (SmolLM2's tied 49152 x 576 embedding is 113 MB
+in fp32, more than all its int4 layers), so a greedy decode step reads it as int8 (one scale per
+vocabulary row, 28 MB) times int8-quantized activations (kernels/csrc/cpu/qgemm.cpp, bits 8).
+The argmax stays the fp32 head's, as in quant/backends.CpuFastLogitsHead: every token whose
+approximate logit is within twice the error bound of the row's maximum is recomputed in fp32.
+The bound: the dot product's error sum_k x_k e_k + d_k w_k (e: the weight's int8 rounding, known
+at load; d = x - dequantized int8 x, known per step) is a sum of K terms of mixed sign with
+standard deviation sigma = sqrt(|x|^2 ms(e) + |d|^2 ms(w)) (ms: the largest mean square over the
+vocabulary rows); SIGMAS standard deviations of it, plus fp32 summation noise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from edgellm.quant.backends import CpuFastLogitsHead
+
+
+class IntDotLogitsHead(CpuFastLogitsHead):
+    def __init__(self, weight: torch.Tensor, native: Any) -> None:
+        w = weight.float()
+        scale = (w.abs().amax(1, keepdim=True) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
+        self.codes = torch.round(w / scale).clamp_(-127, 127).to(torch.int8).contiguous()
+        self.scale = scale.contiguous()
+        self.w_ms = float(w.square().mean(1).max())
+        self.err_ms = float((w - self.codes.float() * scale).square().mean(1).max())
+        self.k = w.shape[1]
+        self.native = native
+        self.weight = weight  # the model's own (tied) matrix: no copy
+
+    @classmethod
+    def can_implement(cls, weight: torch.Tensor) -> bool:
+        return weight.dtype == torch.float32 and weight.dim() == 2 and weight.shape[1] % 32 == 0
+
+    def approximate(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(approximate fp32 logits [M, V], each row's max [M, 1], the window half-width [M, 1])."""
+        x = x.contiguous()
+        logits = self.native.int_linear(x, self.codes, self.scale, torch.empty(0), 8, self.k, torch.empty(0))
+        codes, d, _ = self.native.quantize_rows(x, self.k)
+        err = x - (codes.float().view(x.shape[0], -1, 32) * d[..., None]).view_as(x)
+        sigma = (x.square().sum(-1, keepdim=True) * self.err_ms + err.square().sum(-1, keepdim=True) * self.w_ms).sqrt()
+        hi, lo = logits.amax(-1, keepdim=True), logits.amin(-1, keepdim=True)
+        return logits, hi, self.SIGMAS * sigma + torch.maximum(hi, -lo) * 1e-5

@@ -1,0 +1,121 @@
+"""The integer-dot CPU matmuls (kernels/csrc/cpu/qgemm.cpp) against the plain references of
+kernels/reference.py, at every ISA level this CPU can run (EDGELLM_CPU_ISA-style caps), on
+fresh random data at odd shapes.
+
+Two properties per case: (1) with the activations rounded exactly as the kernel rounds them
+(the reference quantizer, which the kernel's codes must equal bit for bit), the result is the
+exact product up to fp32 summation noise; (2) against the unrounded fp32 product the error is
+within the bound the int8 activation rounding allows: sum over blocks of (d_b / 2) * |W| row sums.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edgellm.cpu_isa import LEVELS, CpuIsa, detect
+from edgellm.kernels import cpu_native
+from edgellm.kernels.reference import (
+    ACT_BLOCK,
+    int_linear_ref,
+    int_weight_ref,
+    pack_int4_blocks_ref,
+    quantize_rows_ref,
+    unpack_int4_blocks_ref,
+)
+
+HOST = detect().host_level
+ISA_LEVELS = [lvl for lvl in LEVELS[1:] if LEVELS.index(lvl) <= LEVELS.index(HOST)]
+
+# (rows M, K, N, group)
+SHAPES = [(1, 96, 37, 32), (3, 192, 21, 64), (5, 128, 9, 128), (2, 64, 5, 64), (7, 320, 13, 320), (17, 96, 11, 32)]
+
+
+@pytest.fixture(scope="module", params=ISA_LEVELS)
+def native(request):
+    module = cpu_native.load(CpuIsa(request.param, detect()))
+    assert module is not None, f"the C++ kernels did not build at level {request.param}"
+    return module
+
+
+def _case(m: int, k: int, n: int, group: int, bits: int, half: bool, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g) * torch.rand(m, 1, generator=g) * 4
+    x[:, ::7] *= 20  # outliers inside blocks: the blocks' steps differ widely
+    if bits == 4:
+        q = torch.randint(0, 16, (n, k), generator=g)
+        offset = torch.randn(n, k // group, generator=g)
+    else:
+        q = torch.randint(-128, 128, (n, k), generator=g)
+        offset = None
+    scale = torch.rand(n, k // group, generator=g) * 0.1 + 0.01
+    if half:
+        scale = scale.half()
+        offset = None if offset is None else offset.half()
+    bias = torch.randn(n, generator=g)
+    return x, q, scale, offset, bias
+
+
+def _run(native, x, q, scale, offset, bits, group, bias):
+    qweight = pack_int4_blocks_ref(q) if bits == 4 else q.to(torch.int8)
+    return native.int_linear(x, qweight, scale, torch.empty(0) if offset is None else offset, bits, group,
+                             torch.empty(0) if bias is None else bias)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_activation_codes_equal_the_reference(native, shape):
+    m, k, _, group = shape
+    x, *_ = _case(m, k, 1, group, 4, False, seed=k + m)
+    x[0, :ACT_BLOCK] = 0.0  # an all-zero block: step 0, codes 0
+    a, d, dsum = native.quantize_rows(x, group)
+    ra, rd, rdsum = quantize_rows_ref(x, group)
+    assert torch.equal(a, ra) and torch.equal(d, rd)
+    assert int(a.abs().max()) <= 127 and int(a.abs().max()) >= 120
+    torch.testing.assert_close(dsum, rdsum, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("half", [False, True])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_int_linear_matches_the_reference(native, shape, bits, half):
+    m, k, n, group = shape
+    x, q, scale, offset, bias = _case(m, k, n, group, bits, half, seed=n * 31 + bits)
+    y = _run(native, x, q, scale, offset, bits, group, bias)
+    assert y.shape == (m, n) and y.dtype == torch.float32
+    want = int_linear_ref(x, q, scale, offset, group, bias)
+    w = int_weight_ref(q, scale, offset, group).double()
+    codes, d, _ = quantize_rows_ref(x, group)
+    xq = (codes.double().reshape(m, -1, ACT_BLOCK) * d.double()[..., None]).reshape(m, k)
+    # (1) exact arithmetic on the rounded activations, up to fp32 summation noise
+    magnitude = xq.abs() @ w.abs().t() + (offset is not None) * 1.0
+    assert ((y.double() - want).abs() <= 1e-5 * magnitude + 1e-5).all()
+    # (2) against the unrounded product: within the int8 rounding bound, and not trivially equal
+    exact = x.double() @ w.t() + bias.double()
+    step = d.double().repeat_interleave(ACT_BLOCK, 1)  # [m, k]: each column's block step
+    bound = (step / 2) @ w.abs().t() + 1e-4 * magnitude
+    err = (y.double() - exact).abs()
+    assert (err <= bound).all()
+    assert err.max() > 0
+
+
+def test_int4_block_packing_round_trips():
+    q = torch.randint(0, 16, (5, 96))
+    packed = pack_int4_blocks_ref(q)
+    assert packed.shape == (5, 48) and packed.dtype == torch.uint8
+    assert torch.equal(unpack_int4_blocks_ref(packed), q.to(torch.uint8))
+    assert int(packed[0, 0]) == int(q[0, 0]) | (int(q[0, 16]) << 4)
+
+
+def test_zero_rows_and_bad_shapes(native):
+    q = torch.randint(0, 16, (8, 64))
+    scale = torch.rand(8, 2)
+    empty = native.int_linear(torch.empty(0, 64), pack_int4_blocks_ref(q), scale, torch.empty(0), 4, 32,
+                              torch.empty(0))
+    assert empty.shape == (0, 8)
+    with pytest.raises(RuntimeError, match="group"):
+        native.int_linear(torch.randn(1, 64), pack_int4_blocks_ref(q), scale, torch.empty(0), 4, 48,
+                          torch.empty(0))
+    with pytest.raises(RuntimeError, match="qweight"):
+        native.int_linear(torch.randn(1, 64), q.to(torch.uint8), scale, torch.empty(0), 4, 32, torch.empty(0))
+    with pytest.raises(RuntimeError, match="int8 weights take no offset"):
+        native.int_linear(torch.randn(1, 64), q.to(torch.int8), scale, scale, 8, 32, torch.empty(0))
