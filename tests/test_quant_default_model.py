@@ -154,7 +154,7 @@ def test_fast_logits_head_keeps_the_fp32_argmax(exact, fast, hidden_states, rows
 def test_cpu_quant_option_is_validated():
     from edgellm.config import EngineConfig
 
-    with pytest.raises(ValueError, match="cpu_quant must be exact or fast"):
+    with pytest.raises(ValueError, match="cpu_quant must be auto, exact or fast"):
         EngineConfig(cpu_quant="turbo")
 
 
