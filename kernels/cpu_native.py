@@ -56,7 +56,7 @@ from pathlib import Path
 import torch
 
 from edgellm import env
-from edgellm.cpu_isa import CpuIsa, select
+from edgellm.cpu_isa import CpuIsa, detect, select
 
 logger = logging.getLogger(__name__)
 
@@ -77,13 +77,8 @@ _failed: set[str] = set()  # levels whose build failed or is disabled (warned on
 
 
 def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return ""
+    """This CPU's flags (edgellm.cpu_isa.detect), part of the build key."""
+    return " ".join(sorted(detect().flags))
 
 
 def _cache_root() -> Path:
