@@ -146,7 +146,7 @@ def edgellm_roofline_bytes(cpu_kernels: str | None) -> dict[str, Any]:
     model = llm.engine.model
     out: dict[str, Any] = decode_weight_bytes(model)
     out["dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
-    out["cpu_kernels"] = cpu_kernels or os.environ.get("EDGELLM_CPU_QUANT", "exact")
+    out["cpu_kernels"] = cpu_kernels or os.environ.get("EDGELLM_CPU_QUANT", "auto")
     del llm, model
     gc.collect()
     return out

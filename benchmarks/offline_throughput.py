@@ -61,11 +61,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--cpu-quant", choices=["exact", "fast"], default="exact",
+    ap.add_argument("--cpu-quant", choices=["auto", "exact", "fast"], default="auto",
                     help="edgellm's CPU path for the GGUF's 4-bit weights (transformers always dequantizes)")
-    ap.add_argument("--out", default=None, help="default: results/offline_throughput[_fast].json")
+    ap.add_argument("--out", default=None, help="default: results/offline_throughput[_exact|_fast].json")
     args = ap.parse_args()
-    suffix = "" if args.cpu_quant == "exact" else f"_{args.cpu_quant}"
+    suffix = "" if args.cpu_quant == "auto" else f"_{args.cpu_quant}"
     args.out = args.out or str(Path(__file__).parent / "results" / f"offline_throughput{suffix}.json")
     n_new = args.new_tokens
 

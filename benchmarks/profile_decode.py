@@ -105,7 +105,7 @@ def main() -> None:
     ap.add_argument("--batch", default="1,16")
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--cpu-quant", choices=["exact", "fast"], default=None)
+    ap.add_argument("--cpu-quant", choices=["auto", "exact", "fast"], default=None)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--ops", action="store_true", help="torch profiler operator table per batch size")
     args = ap.parse_args()
@@ -130,7 +130,7 @@ def main() -> None:
         "machine": {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
                     "platform": platform.platform()},
         "date": time.strftime("%Y-%m-%d %H:%M"),
-        "cpu_quant": os.environ.get("EDGELLM_CPU_QUANT", "exact"),
+        "cpu_quant": os.environ.get("EDGELLM_CPU_QUANT", "auto"),
         "rows": [{k: v for k, v in r.items() if k != "ops_table"} for r in rows],
     }
     RESULTS.mkdir(exist_ok=True)

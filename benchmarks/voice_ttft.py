@@ -104,7 +104,7 @@ def wave_breakdown(cpu_quant: str | None) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cpu-quant", choices=["exact", "fast"], default="fast")
+    ap.add_argument("--cpu-quant", choices=["auto", "exact", "fast"], default="auto")
     ap.add_argument("--requests", type=int, default=48)
     ap.add_argument("--rate", type=float, default=1.6)
     ap.add_argument("--concurrency", type=int, default=8)

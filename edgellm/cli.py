@@ -39,7 +39,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="quantized weights on CPU: auto (the fastest this CPU has: integer dots over int8 "
                         "activations, dense matmuls for large steps where measured faster), exact (dequantized "
                         "once, fp32 matmuls: transformers' logits) or fast (torch's int4 GEMV and bf16 matmuls; "
-                        "for CPUs with bf16 units). Default: $EDGELLM_CPU_QUANT, else exact")
+                        "for CPUs with bf16 units). Default: $EDGELLM_CPU_QUANT, else auto")
     g.add_argument("--cpu-isa", default=None, choices=["avx2", "avx512", "amx"],
                    help="cap the instruction-set level of the CPU kernels (default: $EDGELLM_CPU_ISA, else "
                         "what this CPU has)")

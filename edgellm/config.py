@@ -118,7 +118,7 @@ class EngineConfig:
     chat_template: str | None = None  # a Jinja template string or path overriding the model's
     architecture: str | None = None  # override the checkpoint's architecture (models.arch name or HF class)
     # quantized linears on CPU: "auto", "exact" or "fast" (edgellm/platform.py); None:
-    # $EDGELLM_CPU_QUANT, else exact
+    # $EDGELLM_CPU_QUANT, else auto
     cpu_quant: str | None = None
     cpu_isa: str | None = None  # cap the CPU kernels' ISA level (avx2 | avx512 | amx); None: $EDGELLM_CPU_ISA
 

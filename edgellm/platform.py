@@ -26,12 +26,11 @@ from edgellm.cpu_isa import CpuIsa, select
 logger = logging.getLogger(__name__)
 
 CPU_QUANT_MODES = ("auto", "exact", "fast")
-DEFAULT_CPU_QUANT = "exact"
+DEFAULT_CPU_QUANT = "auto"
 
 
 def resolve_cpu_quant(value: str | None) -> str:
-    """The mode a load runs: `value`, else $EDGELLM_CPU_QUANT, else exact (auto becomes the
-    default once the whole suite has been proven under it)."""
+    """The mode a load runs: `value`, else $EDGELLM_CPU_QUANT, else auto."""
     mode = (value or env.cpu_quant() or DEFAULT_CPU_QUANT).lower()
     if mode not in CPU_QUANT_MODES:
         source = "cpu_quant" if value else env.CPU_QUANT

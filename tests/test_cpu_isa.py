@@ -52,7 +52,7 @@ def test_select_caps_and_refuses_levels_the_cpu_lacks(monkeypatch):
 
 def test_cpu_quant_default_and_override(monkeypatch):
     monkeypatch.delenv(env.CPU_QUANT, raising=False)
-    assert resolve_cpu_quant(None) == "exact"
+    assert resolve_cpu_quant(None) == "auto"
     monkeypatch.setenv(env.CPU_QUANT, "exact")
     assert resolve_cpu_quant(None) == "exact" and resolve_cpu_quant("fast") == "fast"
     monkeypatch.setenv(env.CPU_QUANT, "quick")

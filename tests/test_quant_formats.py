@@ -3,20 +3,24 @@ and Phi-3 models quantized here the way the tools write them (tests/quant_tiny.p
 
 The exact CPU path must equal transformers running the dequantized weights (fp32;
 in practice bit for bit); the fast CPU path (int4 GEMV or a bf16 matmul, bf16
-activations) must stay as close as a bf16 model does. Unsupported formats and options fail at load with a
+activations) must stay as close as a bf16 model does; the auto path (integer dots) must equal
+transformers with each quantized linear's input rounded to int8 by the reference rule. Unsupported formats and options fail at load with a
 message naming them.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 from edgellm import LLM
+from edgellm.kernels.reference import dequantize_rows_ref, quantize_rows_ref
 from edgellm.loader import CheckpointError
 from edgellm.models.arch import LLAMA
 from tests.quant_tiny import quantize_checkpoint, quantize_w8a8
@@ -55,19 +59,19 @@ def int4_case(request, tiny_dir, tmp_path_factory):
     dst, ref = quantize_checkpoint(src, hf, tmp_path_factory.mktemp("q") / "ckpt", fmt, **opts)
     with torch.no_grad():
         want = ref(torch.tensor([PROMPT])).logits[0]
-    return request.param, dst, want
+    return request.param, dst, want, ref
 
 
 def test_int4_exact_path_equals_transformers_on_dequantized_weights(int4_case):
-    _, path, want = int4_case
-    llm = LLM(str(path), kv_cache_memory=1 << 20)
+    _, path, want, _ = int4_case
+    llm = LLM(str(path), kv_cache_memory=1 << 20, cpu_quant="exact")
     got = llm.prompt_logits([PROMPT])[0]
     assert _kernels(llm) == {"DenseKernel"}
     assert (got - want).abs().max().item() < 1e-4
 
 
 def test_int4_fast_path_runs_packed_and_stays_close(int4_case, monkeypatch):
-    (_, _, opts), path, want = int4_case
+    (_, _, opts), path, want, _ = int4_case
     monkeypatch.setenv("EDGELLM_CPU_QUANT", "fast")
     llm = LLM(str(path), kv_cache_memory=1 << 20, max_num_batched_tokens=6)  # GEMV-sized steps
     got = llm.prompt_logits([PROMPT])[0]
@@ -79,13 +83,68 @@ def test_int4_fast_path_runs_packed_and_stays_close(int4_case, monkeypatch):
     assert 0 < err < 0.05  # the same bound a bf16 model meets (test_models)
 
 
+def _int8_activations(ref: torch.nn.Module, ckpt: Path, ignore: tuple[str, ...]) -> torch.nn.Module:
+    """`ref` with every quantized linear's input rounded as the integer-dot kernel rounds it
+    (kernels/reference.quantize_rows_ref, per 32 columns, in act-order's column order)."""
+    tensors = load_file(ckpt / "model.safetensors")
+    model = copy.deepcopy(ref)
+
+    def hook_for(perm: torch.Tensor | None):
+        def hook(module, args):
+            (x,) = args
+            x2 = x.reshape(-1, x.shape[-1]).float()
+            xp = x2 if perm is None else x2[:, perm]
+            codes, d, _ = quantize_rows_ref(xp.contiguous(), 32)
+            q = dequantize_rows_ref(codes, d)
+            if perm is not None:
+                q = torch.empty_like(q).index_copy_(1, perm, q)
+            return (q.reshape(x.shape),)
+        return hook
+
+    for name, module in model.named_modules():
+        leaf = name.rpartition(".")[2]
+        if isinstance(module, torch.nn.Linear) and leaf != "lm_head" and leaf not in ignore:
+            g_idx = tensors.get(f"{name}.g_idx", tensors.get(f"{name}.weight_g_idx"))
+            perm = None if g_idx is None else torch.argsort(g_idx.long(), stable=True)
+            module.register_forward_pre_hook(hook_for(perm))
+    return model
+
+
+def test_int4_auto_path_is_integer_dots_over_rounded_activations(int4_case):
+    """The default CPU mode keeps the codes and runs integer dots over int8 activations: its
+    logits are transformers' on the dequantized weights with each quantized linear's input
+    rounded by the reference rule, to fp32 noise, in one step of the whole prompt and in
+    GEMV-sized steps alike (the int-dot kernels forced at every size: calibration may hand large
+    steps to the exact dense matmul on a CPU where that measured faster). fp32 noise upstream can
+    move an activation across a rounding boundary (one code off by one, a visible change in that
+    position's logits), so all positions but one or two in the prompt must match, not every one."""
+    (_, _, opts), path, want, ref = int4_case
+    # fused modules whose shards have different act-order permutations stay dense (exact)
+    dense = ("qkv_proj", "gate_up_proj") if opts.get("shard_g_idx") else ()
+    ref = _int8_activations(ref, path, opts.get("ignore", ()) + dense)
+    with torch.no_grad():
+        want_q = ref(torch.tensor([PROMPT])).logits[0]
+    for step_tokens in (None, 6):
+        kw = {} if step_tokens is None else {"max_num_batched_tokens": step_tokens}
+        llm = LLM(str(path), kv_cache_memory=1 << 20, cpu_quant="auto", **kw)
+        kernels = [m.kernel for m in llm.engine.model.modules() if hasattr(m, "kernel")]
+        assert {type(k).__name__ for k in kernels} == {"CpuIntDotKernel"} | ({"DenseKernel"} if dense else set())
+        for k in kernels:
+            k.max_rows = 1 << 62
+        got = llm.prompt_logits([PROMPT])[0]
+        scale = want.abs().max()
+        per_position = (got - want_q).abs().amax(-1) / scale
+        assert (per_position < 1e-5).float().mean() >= 0.85, per_position
+        assert (got - want).abs().max() / scale > 1e-3  # the rounding is real: not the exact path
+
+
 @pytest.mark.parametrize("dense_cache_mb", ["2048", "0"])
 def test_int4_fast_path_larger_steps(int4_case, monkeypatch, dense_cache_mb):
     """Steps of more rows than the GEMV takes use the dequantized matrix: kept from load in bf16
     within the budget (EDGELLM_CPU_DENSE_CACHE_MB), else dequantized per call (exact fp32 for
     fp32 inputs). The model stays as close as a bf16 model either way (prefill attention and the
     MLP intermediate run in bf16 in fast mode too)."""
-    _, path, _ = int4_case
+    _, path, _, _ = int4_case
     long_prompt = (PROMPT * 8)[:140]  # over GEMV_MAX_ROWS_UNCACHED too
     monkeypatch.setenv("EDGELLM_CPU_QUANT", "exact")
     want = LLM(str(path), kv_cache_memory=1 << 20).prompt_logits([long_prompt])[0]

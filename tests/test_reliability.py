@@ -30,7 +30,10 @@ def server(tmp_path_factory):
               "sentences, without lists or markdown.")
     cfg.write_text(f"models:\n  reliability:\n    source: default\n    max_model_len: 1024\n"
                    f"    warm_prompts:\n      - {json.dumps(system)}\n")
+    # exact CPU kernels: the scripts check every admitted answer against the same prompt served
+    # alone, token for token, which only the batch-invariant mode guarantees
     srv = ServerProcess(["--config", str(cfg), "--model", "reliability", "--kv-cache-memory", "128M",
+                         "--cpu-quant", "exact",
                          "--max-num-seqs", str(SEQS), "--max-waiting-requests", str(WAITING),
                          "--max-num-batched-tokens", "256"], d / "server.log")
     try:

@@ -34,7 +34,10 @@ def server(tmp_path_factory):
     cfg = d / "models.yaml"
     cfg.write_text(f"models:\n  {MODEL}:\n    source: default\n    max_model_len: {MAX_MODEL_LEN}\n"
                    f"    warm_prompts:\n      - {json.dumps(WARM)}\n")
+    # exact CPU kernels: tests here compare concurrent answers with sequential ones token for token,
+    # which only the batch-invariant mode guarantees (auto may take a dense matmul for large steps)
     srv = ServerProcess(["--config", str(cfg), "--model", MODEL, "--served-model-name", MODEL, "alias-model",
+                         "--cpu-quant", "exact",
                          "--kv-cache-memory", "256M", "--max-request-body", f"{BODY_LIMIT // 1024}K"], d / "server.log")
     try:
         srv.wait_ready()
