@@ -28,7 +28,8 @@ HOST = detect().host_level
 ISA_LEVELS = [lvl for lvl in LEVELS[1:] if LEVELS.index(lvl) <= LEVELS.index(HOST)]
 
 # (rows M, K, N, group)
-SHAPES = [(1, 96, 37, 32), (3, 192, 21, 64), (5, 128, 9, 128), (2, 64, 5, 64), (7, 320, 13, 320), (17, 96, 11, 32)]
+SHAPES = [(1, 96, 37, 32), (3, 192, 21, 64), (5, 128, 9, 128), (2, 64, 5, 64), (7, 320, 13, 320), (17, 96, 11, 32),
+          (4, 288, 19, 96)]  # the last: an odd number of blocks, groups of 3 that straddle block pairs
 
 
 @pytest.fixture(scope="module", params=ISA_LEVELS)

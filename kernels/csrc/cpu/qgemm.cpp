@@ -8,6 +8,7 @@
 //   vpmaddwd against ones sums pairs into 8 int32 lanes. int8 codes take the sign trick
 //   (|w| x sign(a, w)), at most 2 * 128 * 127 per pair. The block's 8 lanes are converted to
 //   fp32 and accumulated with the block's scale by one FMA; one horizontal sum per output.
+//   int4 blocks go two at a time (see tile()), halving the unpack, convert and FMA work.
 //   A zero point or offset adds offset * sum_b d_b * sum(a_b), precomputed per activation group.
 //   Elsewhere (no AVX2) the same sums in scalar code.
 // Work is split over torch's threads by tiles of output rows; each tile's weight rows stay in
@@ -21,6 +22,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -53,6 +55,19 @@ inline float hmax8(__m256 v) {
   s = _mm_max_ps(s, _mm_movehl_ps(s, s));
   s = _mm_max_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
+}
+
+// [v[0] x 4, v[1] x 4]: two consecutive per-block (or per-group) factors as one vector whose low
+// 128 bits scale block b and high 128 bits block b + 1.
+inline __m256 pair_of(const float* v) {
+  const __m128 two = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(v)));
+  return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(two), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+}
+inline __m256 pair_of(const c10::Half* v) {
+  int32_t bits;
+  std::memcpy(&bits, v, sizeof(bits));
+  const __m128 two = _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
+  return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(two), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
 }
 #endif
 
@@ -166,34 +181,70 @@ void tile(const Weights<S>& w, int64_t n0, const Acts& x, int64_t m0, float* y, 
   const __m256i low4 = _mm256_set1_epi8(0x0f);
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 sv[NR];
-  for (int64_t b = 0, left = 0, g = 0; b < nb; ++b, --left) {
-    if (left == 0) {  // a new weight group: its scales
-      for (int r = 0; r < NR; ++r) sv[r] = _mm256_set1_ps(load_scale(ws[r] + g));
-      left = bpg;
-      ++g;
-    }
-    __m256i q[NR];
-    for (int r = 0; r < NR; ++r) {
-      const uint8_t* p = wq[r] + b * BLOCK_BYTES;
-      if constexpr (BITS == 4) {
-        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-        q[r] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low4);
-      } else {
-        q[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  int64_t b0 = 0;
+  if constexpr (BITS == 4) {
+    // Two blocks per step: the 32 bytes of blocks b, b + 1 unpack by one mask and one shift into
+    // [codes 0..15 of b | of b + 1] and [codes 16..31 of b | of b + 1]; the activations are
+    // shuffled to match (once per row, shared by the tile's NR weight rows), the two u8 x s8
+    // products added in 16 bits (4 * 15 * 127 < 2^15), and lanes 0-3 / 4-7 of the int32 sums
+    // scaled by block b's / b + 1's factors. The next tile's rows are prefetched meanwhile.
+    const int64_t next_tile = 4 * NR * w.row_bytes;
+    for (; b0 + 2 <= nb; b0 += 2) {
+      const int64_t g0 = b0 / bpg, g1 = (b0 + 1) / bpg;
+      __m256i al[MR], ah[MR];
+      __m256 dv[MR];
+      for (int m = 0; m < MR; ++m) {
+        const __m256i a0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xa[m] + b0 * QB));
+        const __m256i a1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xa[m] + (b0 + 1) * QB));
+        al[m] = _mm256_permute2x128_si256(a0, a1, 0x20);
+        ah[m] = _mm256_permute2x128_si256(a0, a1, 0x31);
+        dv[m] = pair_of(xd[m] + b0);
+      }
+      // one weight row at a time (its unpacked codes shared by the MR activation rows), so the
+      // live vectors stay within the 16 ymm registers
+      for (int r = 0; r < NR; ++r) {
+        const uint8_t* p = wq[r] + b0 * BLOCK_BYTES;
+        _mm_prefetch(reinterpret_cast<const char*>(p + next_tile), _MM_HINT_T0);
+        const __m256 s = g0 == g1 ? _mm256_set1_ps(load_scale(ws[r] + g0)) : pair_of(ws[r] + g0);
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+        const __m256i lo = _mm256_and_si256(raw, low4);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+        for (int m = 0; m < MR; ++m) {
+          const __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, al[m]), _mm256_maddubs_epi16(hi, ah[m]));
+          const __m256 prod = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+          acc[r][m] = _mm256_fmadd_ps(prod, _mm256_mul_ps(s, dv[m]), acc[r][m]);
+        }
       }
     }
+  }
+  for (int64_t b = b0, left = 0, g = b0 / bpg; b < nb; ++b, --left) {
+    if (left == 0) {  // a new weight group (or the first block after the pairs): its scales
+      for (int r = 0; r < NR; ++r) sv[r] = _mm256_set1_ps(load_scale(ws[r] + g));
+      left = bpg - b % bpg;
+      ++g;
+    }
+    __m256i av[MR];
+    __m256 dv[MR];
     for (int m = 0; m < MR; ++m) {
-      const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xa[m] + b * QB));
-      const __m256 dv = _mm256_broadcast_ss(xd[m] + b);
-      for (int r = 0; r < NR; ++r) {
-        __m256i p16;
-        if constexpr (BITS == 4) {
-          p16 = _mm256_maddubs_epi16(q[r], av);
-        } else {
-          p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(q[r], q[r]), _mm256_sign_epi8(av, q[r]));
-        }
-        const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
-        acc[r][m] = _mm256_fmadd_ps(p, _mm256_mul_ps(sv[r], dv), acc[r][m]);
+      av[m] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xa[m] + b * QB));
+      dv[m] = _mm256_broadcast_ss(xd[m] + b);
+    }
+    for (int r = 0; r < NR; ++r) {  // one weight row at a time, as above
+      const uint8_t* p = wq[r] + b * BLOCK_BYTES;
+      _mm_prefetch(reinterpret_cast<const char*>(p + NR * w.row_bytes), _MM_HINT_T0);
+      __m256i q, qa = _mm256_setzero_si256();
+      if constexpr (BITS == 4) {
+        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+        q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low4);
+      } else {
+        q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+        qa = _mm256_sign_epi8(q, q);
+      }
+      for (int m = 0; m < MR; ++m) {
+        const __m256i p16 = BITS == 4 ? _mm256_maddubs_epi16(q, av[m])
+                                      : _mm256_maddubs_epi16(qa, _mm256_sign_epi8(av[m], q));
+        const __m256 prod = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+        acc[r][m] = _mm256_fmadd_ps(prod, _mm256_mul_ps(sv[r], dv[m]), acc[r][m]);
       }
     }
   }

@@ -1,0 +1,89 @@
+"""What the CPU modes cost in accuracy on the embedded default model: teacher-forced top-1
+agreement with the exact path and perplexity, over the project's own docs as text.
+
+Every mode reads the same token chunks; logits come from `LLM.prompt_logits` (fp32). "auto" runs
+as the engine calibrated it on this CPU (large steps may take the exact dense matmul); "auto,
+integer dots forced" runs the int-dot kernels at every size, which is what every decode step
+does, so its numbers are the int8 activation rounding's full cost. Writes
+benchmarks/results/cpu_quant_accuracy.json.
+
+    python benchmarks/cpu_quant_accuracy.py [--chunks 8] [--chunk-tokens 256] [--fast]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from edgellm import LLM
+from edgellm.bench.report import cpu_name
+from edgellm.cpu_isa import select
+
+ROOT = Path(__file__).resolve().parent.parent
+TEXTS = [ROOT / "README.md", ROOT / "docs" / "ARCHITECTURE.md"]
+
+
+def chunks(llm: LLM, n: int, size: int) -> list[list[int]]:
+    ids = llm.get_tokenizer().encode("\n\n".join(p.read_text() for p in TEXTS if p.is_file()))
+    out = [ids[i:i + size] for i in range(0, len(ids) - size + 1, size)][:n]
+    if not out:
+        raise SystemExit("not enough text for one chunk")
+    return out
+
+
+def logits_of(llm: LLM, data: list[list[int]]) -> list[torch.Tensor]:
+    return [t.float() for t in llm.prompt_logits(data)]
+
+
+def stats(logits: list[torch.Tensor], data: list[list[int]], ref: list[torch.Tensor]) -> dict:
+    nll, n, agree, max_diff = 0.0, 0, 0, 0.0
+    for lg, ids, rf in zip(logits, data, ref):
+        target = torch.tensor(ids[1:])
+        nll += torch.nn.functional.cross_entropy(lg[:-1], target, reduction="sum").item()
+        n += len(target)
+        agree += (lg.argmax(-1) == rf.argmax(-1)).sum().item()
+        max_diff = max(max_diff, (lg - rf).abs().max().item())
+    positions = sum(len(ids) for ids in data)
+    return {"perplexity": math.exp(nll / n), "top1_agreement_with_exact": agree / positions,
+            "max_logit_diff": max_diff}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--chunks", type=int, default=8)
+    ap.add_argument("--chunk-tokens", type=int, default=256)
+    ap.add_argument("--fast", action="store_true", help="also the fast mode (bf16; slow without bf16 units)")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cpu_quant_accuracy.json"))
+    args = ap.parse_args()
+    kw = {"kv_cache_memory": 64 << 20, "max_model_len": args.chunk_tokens + 16, "enable_prefix_caching": False}
+    exact = LLM(cpu_quant="exact", **kw)
+    data = chunks(exact, args.chunks, args.chunk_tokens)
+    ref = logits_of(exact, data)
+    rows = {"exact": stats(ref, data, ref)}
+    del exact
+    auto = LLM(cpu_quant="auto", **kw)
+    kernels = [m.kernel for m in auto.engine.model.modules() if type(getattr(m, "kernel", None)).__name__ == "CpuIntDotKernel"]
+    rows["auto"] = stats(logits_of(auto, data), data, ref)
+    rows["auto"]["int_dot_max_rows"] = min((k.max_rows for k in kernels), default=None)
+    for k in kernels:
+        k.max_rows = 1 << 62
+    rows["auto, integer dots forced"] = stats(logits_of(auto, data), data, ref)
+    del auto
+    if args.fast:
+        rows["fast"] = stats(logits_of(LLM(cpu_quant="fast", **kw), data), data, ref)
+    for name, r in rows.items():
+        print(f"{name:28s} perplexity {r['perplexity']:.4f}  top-1 = exact {100 * r['top1_agreement_with_exact']:.2f}%"
+              f"  max |logit diff| {r['max_logit_diff']:.3f}")
+    out = {"machine": {"cpu": cpu_name(), "isa": select().describe(), "threads": torch.get_num_threads()},
+           "date": time.strftime("%Y-%m-%d %H:%M"), "tokens": sum(len(c) for c in data),
+           "text": [str(p.relative_to(ROOT)) for p in TEXTS], "modes": rows}
+    Path(args.out).write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
