@@ -117,6 +117,8 @@ def decode_weight_bytes(model: Any) -> dict[str, int]:
             kernel = getattr(module, "kernel", None)
             if kernel is not None and hasattr(kernel, "packed"):  # the CPU int4 GEMV
                 linear += nbytes(kernel.packed) + nbytes(getattr(kernel, "scale_zero", None))
+            elif kernel is not None and hasattr(kernel, "qweight"):  # integer dots: codes, scales, offsets
+                linear += nbytes(kernel.qweight) + nbytes(kernel.scale) + nbytes(kernel.offset)
             elif kernel is not None:
                 linear += sum(nbytes(v) for v in vars(kernel).values() if hasattr(v, "element_size"))
             else:
@@ -130,7 +132,7 @@ def decode_weight_bytes(model: Any) -> dict[str, int]:
     head = nbytes(emb) if getattr(model, "lm_head", None) is None else 0  # tied: logits read the embedding
     fast_head = getattr(model, "fast_logits", None)
     if fast_head is not None:  # the CPU int8 logits head reads its int8 codes and row scales instead
-        head = nbytes(fast_head.codes) + nbytes(fast_head.scales)
+        head = nbytes(fast_head.codes) + nbytes(getattr(fast_head, "scales", getattr(fast_head, "scale", None)))
     row = emb.shape[1] * emb.element_size()
     return {"linears": linear, "norms": norms, "tied_logits_matrix": head, "embedding_row": row,
             "total": linear + norms + head + row}

@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-logger = logging.getLogger(__name__)
+from edgellm import env
 
-_CACHE_DIR = Path(os.environ.get("EDGELLM_CACHE", Path.home() / ".cache" / "edgellm"))
+logger = logging.getLogger(__name__)
 
 
 class TokenizerError(ValueError):
@@ -37,7 +37,7 @@ def _load_hf(path: Path, gguf_file: str | None = None) -> Any:
 def _gguf_tokenizer(gguf_path: Path) -> Any:
     st = gguf_path.stat()
     key = hashlib.sha256(f"{gguf_path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    cached = _CACHE_DIR / "tokenizers" / key
+    cached = env.cache_dir() / "tokenizers" / key
     if (cached / "tokenizer.json").is_file():
         try:
             return _load_hf(cached)

@@ -14,9 +14,9 @@ computes the e4m3 bit pattern with integer/float math and stores bytes.
 
 from __future__ import annotations
 
-import os
-
 import torch
+
+from edgellm import env
 
 try:
     import triton
@@ -45,7 +45,7 @@ def triton_interpreting(kernel: object | None = None) -> bool:
     """True when Triton runs through its CPU interpreter (TRITON_INTERPRET=1 at import)."""
     if kernel is not None:
         return type(kernel).__name__ == "InterpretedFunction"
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+    return env.triton_interpret()
 
 
 def check_triton_device(kernel: object, device: torch.device) -> bool:

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from edgellm import env
+
 CONVERT_ARCHS = ("llama", "mistral", "qwen2", "phi3")
 
 
@@ -25,7 +27,7 @@ class ConvertError(ValueError):
 
 
 def _cache_dir() -> Path:
-    return Path(os.environ.get("EDGELLM_CACHE", Path.home() / ".cache" / "edgellm"))
+    return env.cache_dir()
 
 
 def gguf_to_hf(gguf_path: Path, out_dir: Path, dtype: torch.dtype = torch.float16) -> Path:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
+from edgellm import env
 from edgellm.registry import (
     DEFAULT_SOURCE,
     ModelSpec,
@@ -142,7 +142,7 @@ def serve(args: argparse.Namespace) -> int:
     from edgellm.server.app import ServerSettings, create_app
     from edgellm.server.serving import ServedModel
 
-    api_key = args.api_key or os.environ.get("EDGELLM_API_KEY") or None
+    api_key = args.api_key or env.api_key()
     if not _is_loopback(args.host) and not api_key:
         logger.warning("binding %s without --api-key: anyone who can reach this port can use the model",
                        args.host)
