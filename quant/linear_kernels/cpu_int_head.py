@@ -8,7 +8,8 @@ approximate logit is within twice the error bound of the row's maximum is recomp
 The bound: the dot product's error sum_k x_k e_k + d_k w_k (e: the weight's int8 rounding, known
 at load; d = x - dequantized int8 x, known per step) is a sum of K terms of mixed sign with
 standard deviation sigma = sqrt(|x|^2 ms(e) + |d|^2 ms(w)) (ms: the largest mean square over the
-vocabulary rows); SIGMAS standard deviations of it, plus fp32 summation noise.
+vocabulary rows); SIGMAS standard deviations of it, plus fp32 summation noise. approximate() is
+the plain statement of that; a step runs all of it and the recheck in one C++ call.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ class IntDotLogitsHead(CpuFastLogitsHead):
 
     @classmethod
     def can_implement(cls, weight: torch.Tensor) -> bool:
-        return weight.dtype == torch.float32 and weight.dim() == 2 and weight.shape[1] % 32 == 0
+        return (weight.dtype == torch.float32 and weight.dim() == 2 and weight.shape[1] % 32 == 0
+                and weight.is_contiguous())
 
     def approximate(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(approximate fp32 logits [M, V], each row's max [M, 1], the window half-width [M, 1])."""
@@ -45,3 +47,9 @@ class IntDotLogitsHead(CpuFastLogitsHead):
         sigma = (x.square().sum(-1, keepdim=True) * self.err_ms + err.square().sum(-1, keepdim=True) * self.w_ms).sqrt()
         hi, lo = logits.amax(-1, keepdim=True), logits.amin(-1, keepdim=True)
         return logits, hi, self.SIGMAS * sigma + torch.maximum(hi, -lo) * 1e-5
+
+    def _approx(self, x: torch.Tensor) -> torch.Tensor:
+        """approximate() and the fp32 recheck of the window's tokens, in one C++ call
+        (kernels/csrc/cpu/logits_head.cpp; a row over MAX_CANDIDATES is recomputed whole)."""
+        return self.native.int8_argmax_logits(x.contiguous(), self.codes, self.scale, self.weight, self.w_ms,
+                                              self.err_ms, self.SIGMAS, self.MAX_CANDIDATES)

@@ -13,23 +13,23 @@
 
 namespace edgellm::cpu {
 
-#if defined(__AVX512F__)
+#if defined(EDGELLM_V16)
 // out[t] = mul * (q . row_t) for the cnt <= 16 rows of a tile (D % 16 == 0).
 template <typename T>
 static inline void score_tile(const float* q, const T* const* rows, int64_t off, int cnt, int64_t D, float mul,
                               float* out) {
-  __m512 part[16];
+  V16 part[16];
   for (int t = 0; t < 16; ++t) {
     if (t < cnt) {
       const T* r = rows[t] + off;
-      __m512 a = _mm512_mul_ps(_mm512_loadu_ps(q), load16(r));
-      for (int64_t d = 16; d < D; d += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), load16(r + d), a);
+      V16 a = v16_mul(v16_load(q), load16(r));
+      for (int64_t d = 16; d < D; d += 16) a = v16_fmadd(v16_load(q + d), load16(r + d), a);
       part[t] = a;
     } else {
-      part[t] = _mm512_setzero_ps();
+      part[t] = v16_zero();
     }
   }
-  _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << cnt) - 1), _mm512_mul_ps(hsum16(part), _mm512_set1_ps(mul)));
+  v16_store_first(out, v16_mul(hsum16(part), v16_set1(mul)), cnt);
 }
 
 // out[g * D + c * 16 ..] (+)= sum_t p[g * pstride + t] * row_t[c * 16 ..] over the n tokens of a
@@ -37,27 +37,29 @@ static inline void score_tile(const float* q, const T* const* rows, int64_t off,
 template <typename T, int NG, int NC>
 static void pv_block(const float* p, int64_t pstride, const T* const* rows, int64_t off, int64_t n, float* out,
                      int64_t D, bool first) {
-  __m512 acc[NG][NC];
+  V16 acc[NG][NC];
   for (int g = 0; g < NG; ++g)
-    for (int c = 0; c < NC; ++c) acc[g][c] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + g * D + 16 * c);
+    for (int c = 0; c < NC; ++c) acc[g][c] = first ? v16_zero() : v16_load(out + g * D + 16 * c);
   for (int64_t t = 0; t < n; ++t) {
     const T* r = rows[t] + off;
-    __m512 v[NC];
+    V16 v[NC];
     for (int c = 0; c < NC; ++c) v[c] = load16(r + 16 * c);
     for (int g = 0; g < NG; ++g) {
-      const __m512 pb = _mm512_set1_ps(p[g * pstride + t]);
-      for (int c = 0; c < NC; ++c) acc[g][c] = _mm512_fmadd_ps(pb, v[c], acc[g][c]);
+      const V16 pb = v16_set1(p[g * pstride + t]);
+      for (int c = 0; c < NC; ++c) acc[g][c] = v16_fmadd(pb, v[c], acc[g][c]);
     }
   }
   for (int g = 0; g < NG; ++g)
-    for (int c = 0; c < NC; ++c) _mm512_storeu_ps(out + g * D + 16 * c, acc[g][c]);
+    for (int c = 0; c < NC; ++c) v16_store(out + g * D + 16 * c, acc[g][c]);
 }
 
 template <typename T, int NG>
 static void pv_heads(const float* p, int64_t pstride, const T* const* rows, int64_t off, int64_t n, float* out,
                      int64_t D, bool first) {
-  for (int64_t c0 = 0; c0 < D; c0 += 64) {
-    switch (std::min<int64_t>(4, (D - c0) / 16)) {
+  // up to V16_PV_CHUNKS 16-lane chunks of the row per pass: as many accumulators as the ISA's
+  // registers hold (vec.h)
+  for (int64_t c0 = 0; c0 < D; c0 += 16 * V16_PV_CHUNKS) {
+    switch (std::min<int64_t>(V16_PV_CHUNKS, (D - c0) / 16)) {
       case 4: pv_block<T, NG, 4>(p, pstride, rows, off + c0, n, out + c0, D, first); break;
       case 3: pv_block<T, NG, 3>(p, pstride, rows, off + c0, n, out + c0, D, first); break;
       case 2: pv_block<T, NG, 2>(p, pstride, rows, off + c0, n, out + c0, D, first); break;
@@ -75,7 +77,7 @@ static inline void prefetch_rows(const T* const* rows, int64_t t0, int64_t t1, i
   }
 }
 
-// One work item of attend() on AVX-512 (D % 16 == 0): M sequences ("members") whose first
+// One work item of attend() on AVX-512 or AVX2 (D % 16 == 0): M sequences ("members") whose first
 // `shared` context tokens are the same cached pages (M = 1, shared = 0: one sequence). Member m has
 // query heads qh[m] [GH, D] (GH = hpi * G, kv head h0 + g / G), n[m] context tokens with rows[m][t]
 // pointing at head h0's K row of token t (V at + voff), output out[m] and scores[m] [GH, n[m]].
@@ -199,7 +201,7 @@ void attend(const float* q, int64_t q_stride, float* out, int64_t out_stride, co
   // threads (its K/V tokens are then read as whole contiguous rows), else one (sequence, kv head).
   const int64_t hpi = B >= 2 * at::get_num_threads() ? Hkv : 1;  // kv heads per item
   const int64_t GH = G * hpi;  // query heads per item
-#if defined(__AVX512F__)
+#if defined(EDGELLM_V16)
   if (D % 16 == 0) {
     std::vector<AttnItem> own;
     if (plan == nullptr) own = attn_items(bt, MB, sl, B, BS, Hkv, window);

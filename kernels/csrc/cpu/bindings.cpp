@@ -5,6 +5,7 @@
 #include "activation.h"
 #include "attention.h"
 #include "decode_layers.h"
+#include "logits_head.h"
 #include "norm.h"
 #include "qgemm.h"
 #include "rotary.h"
@@ -18,4 +19,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("layout", &edgellm::cpu::layout, "the fused decode's per-layer layout (decode_layers.h)");
   m.def("int_linear", torch::wrap_pybind_function(edgellm::cpu::int_linear_op), "int_linear");
   m.def("quantize_rows", torch::wrap_pybind_function(edgellm::cpu::quantize_rows), "quantize_rows");
+  m.def("int8_argmax_logits", torch::wrap_pybind_function(edgellm::cpu::int8_argmax_logits), "int8_argmax_logits");
 }

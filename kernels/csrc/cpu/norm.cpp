@@ -17,31 +17,30 @@ void rmsnorm(const float* x, const float* w, float* out, int64_t H, float eps) {
   for (int64_t i = 0; i < H; ++i) out[i] = x[i] * r * w[i];
 }
 
-// One row for the rms_norm op: out = x / sqrt(mean(x^2) + eps) * w (fp32; AVX-512 sums in two
+// One row for the rms_norm op: out = x / sqrt(mean(x^2) + eps) * w (fp32; AVX-512 / AVX2 sums in two
 // accumulators). The fused decode keeps the scalar rmsnorm above and the numerics it has.
 void rmsnorm_row(const float* x, const float* w, float* out, int64_t H, float eps) {
   int64_t i = 0;
   float ss = 0.f;
-#if defined(__AVX512F__)
-  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+#if defined(EDGELLM_V16)
+  V16 a0 = v16_zero(), a1 = v16_zero();
   for (; i + 32 <= H; i += 32) {
-    const __m512 u = _mm512_loadu_ps(x + i), v = _mm512_loadu_ps(x + i + 16);
-    a0 = _mm512_fmadd_ps(u, u, a0);
-    a1 = _mm512_fmadd_ps(v, v, a1);
+    const V16 u = v16_load(x + i), v = v16_load(x + i + 16);
+    a0 = v16_fmadd(u, u, a0);
+    a1 = v16_fmadd(v, v, a1);
   }
   for (; i + 16 <= H; i += 16) {
-    const __m512 u = _mm512_loadu_ps(x + i);
-    a0 = _mm512_fmadd_ps(u, u, a0);
+    const V16 u = v16_load(x + i);
+    a0 = v16_fmadd(u, u, a0);
   }
-  ss = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+  ss = v16_sum(v16_add(a0, a1));
 #endif
   for (; i < H; ++i) ss += x[i] * x[i];
   const float k = 1.f / std::sqrt(ss / static_cast<float>(H) + eps);
   i = 0;
-#if defined(__AVX512F__)
-  const __m512 kv = _mm512_set1_ps(k);
-  for (; i + 16 <= H; i += 16)
-    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), kv), _mm512_loadu_ps(w + i)));
+#if defined(EDGELLM_V16)
+  const V16 kv = v16_set1(k);
+  for (; i + 16 <= H; i += 16) v16_store(out + i, v16_mul(v16_mul(v16_load(x + i), kv), v16_load(w + i)));
 #endif
   for (; i < H; ++i) out[i] = x[i] * k * w[i];
 }

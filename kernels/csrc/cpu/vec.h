@@ -1,26 +1,79 @@
 // Vector helpers shared by the CPU kernels (kernels/csrc/cpu/*.cpp): dot products and axpys,
 // K/V rows as fp32 (fp32 in place, fp8 e4m3 decoded), exp and the softmax's shifted exp-sum, the
-// 16-way horizontal sum. AVX-512 where the build's ISA has it (the module is built for the host),
-// scalar loops otherwise; header-only (static inline), so every kernel file inlines its own copy.
+// 16-way horizontal sum. V16 is 16 fp32 lanes: one zmm register on AVX-512, two ymm registers on
+// AVX2 (+ FMA, F16C: every x86-64-v3 CPU), so one kernel source serves both levels; EDGELLM_V16 is
+// defined when either is built in, scalar loops serve the rest. Header-only (static inline), so
+// every kernel file inlines its own copy.
 #pragma once
 
 #include <c10/util/Float8_e4m3fn.h>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
 #include <immintrin.h>
+#define EDGELLM_V16 1
 #endif
 
 namespace edgellm::cpu {
 
+#if defined(__AVX512F__)
+using V16 = __m512;
+constexpr int V16_PV_CHUNKS = 4;  // 16-lane accumulator chunks the P.V loop keeps per head (32 zmm)
+static inline V16 v16_zero() { return _mm512_setzero_ps(); }
+static inline V16 v16_set1(float a) { return _mm512_set1_ps(a); }
+static inline V16 v16_load(const float* p) { return _mm512_loadu_ps(p); }
+static inline V16 v16_add(V16 a, V16 b) { return _mm512_add_ps(a, b); }
+static inline V16 v16_mul(V16 a, V16 b) { return _mm512_mul_ps(a, b); }
+static inline V16 v16_fmadd(V16 a, V16 b, V16 c) { return _mm512_fmadd_ps(a, b, c); }
+static inline void v16_store(float* p, V16 v) { _mm512_storeu_ps(p, v); }
+static inline void v16_store_first(float* p, V16 v, int cnt) {  // lanes [0, cnt)
+  _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << cnt) - 1), v);
+}
+static inline float v16_sum(V16 v) { return _mm512_reduce_add_ps(v); }
+// 16 fp16 bit patterns -> fp32
+static inline V16 v16_from_half(__m256i h) { return _mm512_cvtph_ps(h); }
+#elif defined(EDGELLM_V16)
+struct V16 {
+  __m256 lo, hi;
+};
+constexpr int V16_PV_CHUNKS = 1;  // 16 ymm registers: one chunk of 4 heads' accumulators
+static inline V16 v16_zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+static inline V16 v16_set1(float a) { return {_mm256_set1_ps(a), _mm256_set1_ps(a)}; }
+static inline V16 v16_load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+static inline V16 v16_add(V16 a, V16 b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+static inline V16 v16_mul(V16 a, V16 b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+static inline V16 v16_fmadd(V16 a, V16 b, V16 c) {
+  return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+}
+static inline void v16_store(float* p, V16 v) {
+  _mm256_storeu_ps(p, v.lo);
+  _mm256_storeu_ps(p + 8, v.hi);
+}
+static inline void v16_store_first(float* p, V16 v, int cnt) {
+  alignas(32) float tmp[16];
+  v16_store(tmp, v);
+  for (int i = 0; i < cnt; ++i) p[i] = tmp[i];
+}
+static inline float v16_sum(V16 v) {
+  const __m256 s8 = _mm256_add_ps(v.lo, v.hi);
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+static inline V16 v16_from_half(__m256i h) {
+  return {_mm256_cvtph_ps(_mm256_castsi256_si128(h)), _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1))};
+}
+#endif
+
 static inline float dot(const float* a, const float* b, int64_t n) {
   int64_t d = 0;
   float s = 0.f;
-#if defined(__AVX512F__)
-  __m512 acc = _mm512_setzero_ps();
-  for (; d + 16 <= n; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), _mm512_loadu_ps(b + d), acc);
-  s = _mm512_reduce_add_ps(acc);
+#if defined(EDGELLM_V16)
+  V16 acc = v16_zero();
+  for (; d + 16 <= n; d += 16) acc = v16_fmadd(v16_load(a + d), v16_load(b + d), acc);
+  s = v16_sum(acc);
 #endif
   for (; d < n; ++d) s += a[d] * b[d];
   return s;
@@ -28,9 +81,9 @@ static inline float dot(const float* a, const float* b, int64_t n) {
 
 static inline void axpy(float* y, float p, const float* x, int64_t n) {  // y += p * x
   int64_t d = 0;
-#if defined(__AVX512F__)
-  const __m512 pv = _mm512_set1_ps(p);
-  for (; d + 16 <= n; d += 16) _mm512_storeu_ps(y + d, _mm512_fmadd_ps(pv, _mm512_loadu_ps(x + d), _mm512_loadu_ps(y + d)));
+#if defined(EDGELLM_V16)
+  const V16 pv = v16_set1(p);
+  for (; d + 16 <= n; d += 16) v16_store(y + d, v16_fmadd(pv, v16_load(x + d), v16_load(y + d)));
 #endif
   for (; d < n; ++d) y[d] += p * x[d];
 }
@@ -38,21 +91,21 @@ static inline void axpy(float* y, float p, const float* x, int64_t n) {  // y +=
 // One cached K or V row as floats: fp32 rows are read in place; fp8 (e4m3fn) rows are decoded
 // exactly into `buf` (AVX-512: e4m3's bit fields placed into fp16's give value / 256, then fp16
 // -> fp32; elsewhere c10's conversion).
-#if defined(__AVX512F__)
+#if defined(EDGELLM_V16)
 // 16 K or V values as fp32: fp32 in place; fp8 e4m3 codes decoded as below.
-static inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-static inline __m512 load16(const uint8_t* p) {
+static inline V16 load16(const float* p) { return v16_load(p); }
+static inline V16 load16(const uint8_t* p) {
   const __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   const __m256i half = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x80)), 8),
                                        _mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x7f)), 7));
-  return _mm512_mul_ps(_mm512_cvtph_ps(half), _mm512_set1_ps(256.f));
+  return v16_mul(v16_from_half(half), v16_set1(256.f));
 }
 #endif
 
 static inline const float* kv_row(const uint8_t* p, float* buf, int64_t D) {
   int64_t d = 0;
-#if defined(__AVX512F__)
-  for (; d + 16 <= D; d += 16) _mm512_storeu_ps(buf + d, load16(p + d));
+#if defined(EDGELLM_V16)
+  for (; d + 16 <= D; d += 16) v16_store(buf + d, load16(p + d));
 #endif
   for (; d < D; ++d) buf[d] = static_cast<float>(c10::Float8_e4m3fn(p[d], c10::Float8_e4m3fn::from_bits()));
   return buf;
@@ -78,10 +131,31 @@ static inline __m512 exp512(__m512 v) {
   p = _mm512_fmadd_ps(p, r, one);
   return _mm512_scalef_ps(p, k);
 }
+#elif defined(EDGELLM_V16)
+// exp512's steps on 8 lanes; 2^k built in the exponent field (k >= -126 after the clamp; the
+// softmax calls it on v <= 0 only, and v <= 88.3 keeps k <= 127).
+static inline __m256 exp256(__m256 v) {
+  const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
+  const __m256 ln2hi = _mm256_set1_ps(0.693359375f), ln2lo = _mm256_set1_ps(-2.12194440e-4f);
+  const __m256 c2 = _mm256_set1_ps(1.f / 2), c3 = _mm256_set1_ps(1.f / 6), c4 = _mm256_set1_ps(1.f / 24);
+  const __m256 c5 = _mm256_set1_ps(1.f / 120), c6 = _mm256_set1_ps(1.f / 720), one = _mm256_set1_ps(1.f);
+  v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+  const __m256 k = _mm256_round_ps(_mm256_mul_ps(v, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(k, ln2hi, v);
+  r = _mm256_fnmadd_ps(k, ln2lo, r);
+  __m256 p = _mm256_fmadd_ps(c6, r, c5);
+  p = _mm256_fmadd_ps(p, r, c4);
+  p = _mm256_fmadd_ps(p, r, c3);
+  p = _mm256_fmadd_ps(p, r, c2);
+  p = _mm256_fmadd_ps(p, r, one);
+  p = _mm256_fmadd_ps(p, r, one);
+  const __m256i pow2k = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(pow2k));
+}
 #endif
 
 // x[i] = exp(x[i] - mx) for i < n (every x[i] <= mx), returning their sum (AVX-512: exp512;
-// elsewhere std::exp).
+// AVX2: exp256; elsewhere std::exp).
 static inline float exp_shifted_sum(float* x, int64_t n, float mx) {
   int64_t i = 0;
   float sum = 0.f;
@@ -94,6 +168,15 @@ static inline float exp_shifted_sum(float* x, int64_t n, float mx) {
     vsum = _mm512_add_ps(vsum, e);
   }
   sum = _mm512_reduce_add_ps(vsum);
+#elif defined(EDGELLM_V16)
+  const __m256 vmx = _mm256_set1_ps(mx);
+  __m256 vsum = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmx));
+    _mm256_storeu_ps(x + i, e);
+    vsum = _mm256_add_ps(vsum, e);
+  }
+  sum = v16_sum({vsum, _mm256_setzero_ps()});
 #endif
   for (; i < n; ++i) {
     x[i] = std::exp(x[i] - mx);
@@ -104,15 +187,15 @@ static inline float exp_shifted_sum(float* x, int64_t n, float mx) {
 
 // out[g] = q_g . k for the G query heads sharing one K row (q_g = q + g * D): k read once.
 static inline void dots(const float* q, const float* k, int64_t D, int64_t G, float* out) {
-#if defined(__AVX512F__)
+#if defined(EDGELLM_V16)
   if (G <= 8 && D % 16 == 0) {
-    __m512 acc[8];
-    for (int64_t g = 0; g < G; ++g) acc[g] = _mm512_setzero_ps();
+    V16 acc[8];
+    for (int64_t g = 0; g < G; ++g) acc[g] = v16_zero();
     for (int64_t d = 0; d < D; d += 16) {
-      const __m512 kv = _mm512_loadu_ps(k + d);
-      for (int64_t g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * D + d), kv, acc[g]);
+      const V16 kv = v16_load(k + d);
+      for (int64_t g = 0; g < G; ++g) acc[g] = v16_fmadd(v16_load(q + g * D + d), kv, acc[g]);
     }
-    for (int64_t g = 0; g < G; ++g) out[g] = _mm512_reduce_add_ps(acc[g]);
+    for (int64_t g = 0; g < G; ++g) out[g] = v16_sum(acc[g]);
     return;
   }
 #endif
@@ -121,13 +204,13 @@ static inline void dots(const float* q, const float* k, int64_t D, int64_t G, fl
 
 // acc_g += p[g] * v for the G heads sharing one V row (acc_g = acc + g * D): v read once.
 static inline void axpys(float* acc, const float* p, int64_t pstride, const float* v, int64_t D, int64_t G) {
-#if defined(__AVX512F__)
+#if defined(EDGELLM_V16)
   if (D % 16 == 0) {
     for (int64_t d = 0; d < D; d += 16) {
-      const __m512 vv = _mm512_loadu_ps(v + d);
+      const V16 vv = v16_load(v + d);
       for (int64_t g = 0; g < G; ++g) {
         float* a = acc + g * D + d;
-        _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_set1_ps(p[g * pstride]), vv, _mm512_loadu_ps(a)));
+        v16_store(a, v16_fmadd(v16_set1(p[g * pstride]), vv, v16_load(a)));
       }
     }
     return;
@@ -163,6 +246,21 @@ static inline __m512 hsum16(const __m512* v) {
                                  _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 2, 3, 2)));
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   return _mm512_permutexvar_ps(order, s);
+}
+#elif defined(EDGELLM_V16)
+// Lane i of the result = the sum of x[i]'s 8 lanes (two rounds of hadd, one cross-half add).
+static inline __m256 hsum8x8(const __m256* x) {
+  const __m256 t0 = _mm256_hadd_ps(x[0], x[1]), t1 = _mm256_hadd_ps(x[2], x[3]);
+  const __m256 t2 = _mm256_hadd_ps(x[4], x[5]), t3 = _mm256_hadd_ps(x[6], x[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);  // halves: partial sums of x[0..3], x[4..7]
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// Lane t of the result = the sum of v[t]'s 16 lanes.
+static inline V16 hsum16(const V16* v) {
+  __m256 w[16];
+  for (int t = 0; t < 16; ++t) w[t] = _mm256_add_ps(v[t].lo, v[t].hi);
+  return {hsum8x8(w), hsum8x8(w + 8)};
 }
 #endif
 

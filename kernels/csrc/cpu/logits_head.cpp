@@ -1,0 +1,80 @@
+// The integer-dot logits head in one call (the contract: logits_head.h). A decode step's head is
+// a 28 MB int8 GEMV for SmolLM2; done as torch ops around it, the window and the candidates cost
+// another ~1 ms (a dozen passes over the 49152 logits, each forking the threads), here one pass.
+#include "logits_head.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/linear.h>
+#include <pybind11/pybind11.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "qgemm.h"
+#include "vec.h"
+
+namespace edgellm::cpu {
+
+at::Tensor int8_argmax_logits(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
+                              const at::Tensor& weight, double w_ms, double err_ms, double sigmas,
+                              int64_t max_candidates) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x: [M, K] fp32, contiguous");
+  const int64_t M = x.size(0), K = x.size(1), V = codes.size(0);
+  TORCH_CHECK(codes.dim() == 2 && codes.size(1) == K && codes.scalar_type() == at::kChar, "codes: [V, K] int8");
+  TORCH_CHECK(weight.dim() == 2 && weight.size(0) == V && weight.size(1) == K && weight.scalar_type() == at::kFloat &&
+                  weight.is_contiguous(), "weight: [V, K] fp32, contiguous");
+  pybind11::gil_scoped_release no_gil;
+  const at::Tensor none = at::empty({0}, x.options());
+  at::Tensor logits = int_linear(x, codes, scale, none, 8, K, none);
+  if (M == 0) return logits;
+  const std::vector<at::Tensor> q = quantize_rows(x, K);
+  const int8_t* a = q[0].data_ptr<int8_t>();
+  const float* d = q[1].data_ptr<float>();
+  const float* xp = x.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  float* y = logits.data_ptr<float>();
+  const int64_t nth = std::max<int64_t>(1, at::get_num_threads());
+  for (int64_t m = 0; m < M; ++m) {
+    float* ym = y + m * V;
+    const float* xm = xp + m * K;
+    // the row's max and min, over the threads
+    std::vector<float> hi(nth, -std::numeric_limits<float>::infinity()), lo(nth, std::numeric_limits<float>::infinity());
+    at::parallel_for(0, V, 4096, [&](int64_t v0, int64_t v1) {
+      const int64_t t = at::get_thread_num();
+      float h = hi[t], l = lo[t];
+      for (int64_t v = v0; v < v1; ++v) {
+        h = std::max(h, ym[v]);
+        l = std::min(l, ym[v]);
+      }
+      hi[t] = h, lo[t] = l;
+    });
+    const float top = *std::max_element(hi.begin(), hi.end());
+    const float bottom = *std::min_element(lo.begin(), lo.end());
+    double xx = 0.0, ee = 0.0;
+    for (int64_t k = 0; k < K; ++k) {
+      const double e = xm[k] - static_cast<double>(a[m * K + k]) * d[m * (K / 32) + k / 32];
+      xx += static_cast<double>(xm[k]) * xm[k];
+      ee += e * e;
+    }
+    const float bound = static_cast<float>(sigmas * std::sqrt(xx * err_ms + ee * w_ms)) +
+                        std::max(top, -bottom) * 1e-5f;
+    const float floor = top - 2 * bound;
+    std::vector<int64_t> cand;
+    for (int64_t v = 0; v < V; ++v)
+      if (ym[v] >= floor) cand.push_back(v);
+    if (static_cast<int64_t>(cand.size()) > max_candidates) {
+      const at::Tensor row = at::linear(x.narrow(0, m, 1), weight);
+      std::copy(row.data_ptr<float>(), row.data_ptr<float>() + V, ym);
+      continue;
+    }
+    at::parallel_for(0, static_cast<int64_t>(cand.size()), 64, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) ym[cand[c]] = dot(xm, wp + cand[c] * K, K);
+    });
+  }
+  return logits;
+}
+
+}  // namespace edgellm::cpu

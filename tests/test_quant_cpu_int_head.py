@@ -1,0 +1,76 @@
+"""The integer-dot logits head of CPU mode auto (quant/linear_kernels/cpu_int_head.py and its C++
+op, kernels/csrc/cpu/logits_head.cpp) at every ISA level this CPU can run, on fresh random
+weights and hidden states: the argmax is the fp32 head's, the window holds every fp32 logit, the
+recomputed tokens carry fp32 values, a near-tie between two vocabulary rows whose int8 codes are
+the same is settled in fp32, and a row with too many candidates is recomputed whole."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from edgellm.cpu_isa import LEVELS, CpuIsa, detect
+from edgellm.kernels import cpu_native
+from edgellm.quant.linear_kernels.cpu_int_head import IntDotLogitsHead
+
+HOST = detect().host_level
+ISA_LEVELS = [lvl for lvl in LEVELS[1:] if LEVELS.index(lvl) <= LEVELS.index(HOST)]
+V, K = 3001, 192  # an odd vocabulary, six activation blocks
+
+
+@pytest.fixture(scope="module", params=ISA_LEVELS)
+def native(request):
+    module = cpu_native.load(CpuIsa(request.param, detect()))
+    assert module is not None, f"the C++ kernels did not build at level {request.param}"
+    return module
+
+
+def _weight(g: torch.Generator) -> torch.Tensor:
+    w = torch.randn(V, K, generator=g) * 0.05
+    w[::97] *= 4  # rows of different scales, as an embedding has
+    return w
+
+
+def test_argmax_and_window(native):
+    g = torch.Generator().manual_seed(1)
+    w = _weight(g)
+    head = IntDotLogitsHead(w, native)
+    x = torch.randn(7, K, generator=g) * 2
+    x[:, 5] *= 20  # an outlier channel: its block's other entries round coarsely
+    want = F.linear(x, w)
+    approx, hi, bound = head.approximate(x)
+    assert ((approx - want).abs() <= bound).all()  # the window holds every fp32 logit
+    got = head(x)
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+    top = want.argmax(-1, keepdim=True)
+    assert torch.allclose(got.gather(1, top), want.gather(1, top), rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(got, want, rtol=1e-5, atol=1e-6)  # the tail stays approximate
+    # rows that need every logit (here the even ones) take the fp32 weight
+    argmax_only = [i % 2 == 1 for i in range(7)]
+    mixed = head(x, argmax_only)
+    assert torch.equal(mixed[::2], want[::2]) and torch.equal(mixed.argmax(-1), want.argmax(-1))
+
+
+def test_a_near_tie_is_settled_in_fp32(native):
+    g = torch.Generator().manual_seed(2)
+    w = _weight(g)
+    x = torch.randn(3, K, generator=g)
+    for i in range(3):
+        t = int(F.linear(x[i:i + 1], w).argmax())
+        twin = (t + 1 + i) % V
+        w[twin] = w[t]
+        w[twin, 0] += 1e-4 * (1 if x[i, 0] > 0 else -1) * (1 if i % 2 else -1)  # ahead or behind by ~1e-4
+    head = IntDotLogitsHead(w, native)
+    want = F.linear(x, w)
+    assert torch.equal(head(x).argmax(-1), want.argmax(-1))
+
+
+def test_too_many_candidates_recompute_the_row(native, monkeypatch):
+    g = torch.Generator().manual_seed(3)
+    w = _weight(g)
+    head = IntDotLogitsHead(w, native)
+    x = torch.randn(4, K, generator=g)
+    monkeypatch.setattr(head, "MAX_CANDIDATES", 0)
+    got, want = head(x), F.linear(x, w)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6) and torch.equal(got.argmax(-1), want.argmax(-1))
