@@ -281,7 +281,7 @@ def build_kernel(method: QuantLinearMethod, layer: nn.Module, platform: Platform
     if use_triton(device):
         if codes is not None and codes.offsets is None:
             return TritonInt4Kernel(codes, device)
-    elif platform.cpu_quant == "auto" and codes is not None:
+    elif platform.cpu_quant == "auto" and (codes is not None or (codes := method.int8(layer)) is not None):
         from edgellm.quant.linear_kernels.cpu_int import CpuIntDotKernel
 
         native = platform.native()

@@ -28,6 +28,7 @@ from torch import nn
 
 from edgellm.quant.schemes import (
     Int4Codes,
+    Int8Codes,
     LinearMethod,
     ParamLayout,
     QuantLinearMethod,
@@ -202,6 +203,16 @@ def decode_q4(raw: torch.Tensor, type_name: str) -> tuple[torch.Tensor, torch.Te
     return codes, d, m
 
 
+def decode_q8_0(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q8_0 rows [N, blocks * 34] -> (codes [N, K] int8, d [N, blocks] fp16). Block: fp16 d, then
+    32 int8 weights; W = d * q."""
+    n = raw.shape[0]
+    blocks = raw.reshape(n, -1, 34)
+    d = blocks[..., 0:2].contiguous().view(torch.float16).squeeze(-1)
+    codes = blocks[..., 2:].contiguous().view(torch.int8).reshape(n, -1)
+    return codes, d
+
+
 class GGUFScheme(QuantScheme):
     name = "gguf"
 
@@ -281,6 +292,13 @@ class GGUFLinearMethod(QuantLinearMethod):
         # W = q * d + m; Q4_0 as m = -8 d (exact in fp32)
         offsets = torch.cat([m if m is not None else -8.0 * d for _, d, m in decoded], 0)
         return Int4Codes(codes, None, scales, 32, offsets=offsets)
+
+    def int8(self, layer: nn.Module) -> Int8Codes | None:
+        parts = self._parts(layer)
+        if {t for _, t, _ in parts} != {"Q8_0"}:
+            return None
+        decoded = [decode_q8_0(raw) for _, _, raw in parts]
+        return Int8Codes(torch.cat([c for c, _ in decoded], 0), torch.cat([d for _, d in decoded], 0), 32)
 
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
         from gguf import GGMLQuantizationType

@@ -185,6 +185,10 @@ class QuantLinearMethod(LinearMethod):
         """The weights as int4 codes with group scales, when the format is that (else None)."""
         return None
 
+    def int8(self, layer: nn.Module) -> Int8Codes | None:
+        """The weights as int8 codes with group scales, when the format is that (else None)."""
+        return None
+
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         from edgellm.quant.backends import build_kernel
 
@@ -193,6 +197,21 @@ class QuantLinearMethod(LinearMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return layer.kernel(x, bias)
+
+
+@dataclass
+class Int8Codes:
+    """int8 weights with group scales: W[n, k] = scales[n, k // group_size] * codes[n, k]
+    (GGUF Q8_0: groups of 32 with an fp16 scale)."""
+
+    codes: torch.Tensor  # [N, K] int8
+    scales: torch.Tensor  # [N, K / group_size] float
+    group_size: int
+
+    def dequantize(self) -> torch.Tensor:
+        n, k = self.codes.shape
+        w = self.codes.float().reshape(n, k // self.group_size, self.group_size) * self.scales.float()[..., None]
+        return w.reshape(n, k)
 
 
 @dataclass

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from edgellm.kernels import cpu_native
 from edgellm.layers.linear import Linear
 from edgellm.loader import load_model, resolve_checkpoint
 
@@ -26,12 +27,25 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:  # llama.cpp convert_hf_
 @pytest.fixture(scope="module")
 def tiny_gguf(tiny_dir, tmp_path_factory):
     """(path, {hf linear name: reference float32 weight [N, K]})."""
+    return _write_tiny_gguf(tiny_dir, tmp_path_factory.mktemp("gguf") / "tiny.gguf", TYPES)
+
+
+# int8 q/k/v, o and down (Q8_0), int4 gate and up (Q4_0, Q4_1)
+Q8_TYPES = {"attn_q": "Q8_0", "attn_k": "Q8_0", "attn_v": "Q8_0", "attn_output": "Q8_0",
+            "ffn_gate": "Q4_0", "ffn_up": "Q4_1", "ffn_down": "Q8_0"}
+
+
+@pytest.fixture(scope="module")
+def q8_gguf(tiny_dir, tmp_path_factory):
+    return _write_tiny_gguf(tiny_dir, tmp_path_factory.mktemp("gguf") / "q8.gguf", Q8_TYPES)
+
+
+def _write_tiny_gguf(tiny_dir, path, types: dict[str, str]):
     import gguf
     from gguf import GGMLQuantizationType as T
 
     _, hf = tiny_dir("llama")
     cfg = hf.config
-    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_block_count(cfg.num_hidden_layers)
     writer.add_context_length(cfg.max_position_embeddings)
@@ -60,7 +74,7 @@ def tiny_gguf(tiny_dir, tmp_path_factory):
     for i in range(cfg.num_hidden_layers):
         put(f"blk.{i}.attn_norm.weight", state[f"model.layers.{i}.input_layernorm.weight"], "F32")
         put(f"blk.{i}.ffn_norm.weight", state[f"model.layers.{i}.post_attention_layernorm.weight"], "F32")
-        for short, type_name in TYPES.items():
+        for short, type_name in types.items():
             hf_name = f"model.layers.{i}.{HF[short]}"
             w = state[f"{hf_name}.weight"]
             heads = {"attn_q": cfg.num_attention_heads, "attn_k": cfg.num_key_value_heads}.get(short)
@@ -114,3 +128,42 @@ def test_gguf_int4_blocks_stay_packed_on_the_fast_path(tiny_gguf):
     # Q4_0 + Q4_0 + Q4_1 fuse into one int4 kernel; Q5_0 + Q8_0 are dequantized
     assert kinds == {"qkv_proj": "CpuInt4Kernel", "o_proj": "CpuInt4Kernel",
                      "gate_up_proj": "DenseKernel", "down_proj": "CpuInt4Kernel"}
+
+
+def test_gguf_auto_mode_runs_q4_and_q8_0_as_integer_dots(tiny_gguf, q8_gguf):
+    """CPU mode auto: modules whose shards are all Q4_0/Q4_1 or all Q8_0 keep their codes and run
+    integer dots over int8-rounded activations (each output equals the gguf package's
+    dequantized weight times the activations rounded by the reference rule); mixed ones are
+    dequantized; the fused C++ decode takes both int4 and int8 linears."""
+    from edgellm.kernels.reference import dequantize_rows_ref, quantize_rows_ref
+    from edgellm.models.fused_decode import LINEAR_INT8_DOT, LINEAR_INT_DOT, LINEAR_META, FusedDecode
+
+    for (path, reference), want_bits in ((tiny_gguf, {"qkv_proj": 4, "o_proj": 4, "down_proj": 4}),
+                                          (q8_gguf, {"qkv_proj": 8, "o_proj": 8, "gate_up_proj": 4, "down_proj": 8})):
+        model = load_model(resolve_checkpoint(path), torch.float32, cpu_kernels="auto")
+        torch.manual_seed(0)
+        for name, module in model.named_modules():
+            if not isinstance(module, Linear) or name == "lm_head":
+                continue
+            leaf = name.rpartition(".")[2]
+            kernel = module.kernel
+            if leaf not in want_bits:
+                assert type(kernel).__name__ == "DenseKernel", name
+                continue
+            assert type(kernel).__name__ == "CpuIntDotKernel" and kernel.bits == want_bits[leaf], name
+            kernel.max_rows = 1 << 62  # integer dots at every size
+            base = name.rpartition(".")[0]
+            parts = ([f"{base}.{s}" for s in ("q_proj", "k_proj", "v_proj")] if leaf == "qkv_proj" else
+                     [f"{base}.{s}" for s in ("gate_proj", "up_proj")] if leaf == "gate_up_proj" else [name])
+            w = torch.cat([reference[p] for p in parts], 0).double()
+            for rows in (1, 5, 40):
+                x = torch.randn(rows, w.shape[1])
+                codes, d, _ = quantize_rows_ref(x, 32)
+                want = dequantize_rows_ref(codes, d).double() @ w.t()
+                got = module(x)
+                assert (got.double() - want).abs().max() <= 1e-5 * want.abs().max(), (name, rows)
+        fused = FusedDecode.build(model.model, cpu_native.load())
+        assert fused is not None
+        per_layer = 4 * LINEAR_META + 1
+        kinds = {fused.meta[s + j * LINEAR_META] for s in range(0, len(fused.meta), per_layer) for j in range(4)}
+        assert LINEAR_INT_DOT in kinds and (LINEAR_INT8_DOT in kinds) == (8 in want_bits.values())

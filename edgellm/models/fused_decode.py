@@ -38,14 +38,14 @@ _CACHE_DTYPES = (torch.float32, torch.float8_e4m3fn)
 
 # One linear in the per-layer list (kernels/csrc/cpu/decode_layers.h declares the same layout):
 # LINEAR_TENSORS tensors (a, b, c, dense, bias) and LINEAR_META ints (kind, group, max_rows).
-LINEAR_DENSE, LINEAR_TINYGEMM, LINEAR_INT_DOT = 0, 1, 2
+LINEAR_DENSE, LINEAR_TINYGEMM, LINEAR_INT_DOT, LINEAR_INT8_DOT = 0, 1, 2, 3
 LINEAR_TENSORS, LINEAR_META = 5, 3
 
 
 def _linear_tensors(module) -> tuple[list[torch.Tensor], list[int]] | None:
     """One Linear's tensors and meta for the fused pass, or None if it cannot run there:
-    tinygemm int4 (packed, scale_zero, -, dense, bias), int-dot int4 (qweight, scale, offset,
-    dense or empty, bias) or a plain fp32 matrix (-, -, -, weight, bias)."""
+    tinygemm int4 (packed, scale_zero, -, dense, bias), int-dot int4 or int8 (qweight, scale,
+    offset or empty, dense or empty, bias) or a plain fp32 matrix (-, -, -, weight, bias)."""
     from edgellm.quant.backends import CpuInt4Kernel, DenseKernel
     from edgellm.quant.linear_kernels.cpu_int import CpuIntDotKernel
 
@@ -63,7 +63,7 @@ def _linear_tensors(module) -> tuple[list[torch.Tensor], list[int]] | None:
             return None
         dense = _EMPTY if kernel.dense is None else kernel.dense
         return ([kernel.qweight, kernel.scale, kernel.offset, dense, bias],
-                [LINEAR_INT_DOT, kernel.group, min(kernel.max_rows, 1 << 30)])
+                [LINEAR_INT_DOT if kernel.bits == 4 else LINEAR_INT8_DOT, kernel.group, min(kernel.max_rows, 1 << 30)])
     weight = kernel.weight if isinstance(kernel, DenseKernel) else getattr(module, "weight", None)
     if kernel is not None and not isinstance(kernel, DenseKernel):
         return None
@@ -116,7 +116,8 @@ class FusedDecode:
         if why is not None:
             logger.info("fused CPU decode off: %s; decoding layer by layer", why)
             return None
-        if native.layout() != [len(static[0]) + 1, len(meta) // len(static), LINEAR_TENSORS, LINEAR_META]:
+        kinds = [LINEAR_DENSE, LINEAR_TINYGEMM, LINEAR_INT_DOT, LINEAR_INT8_DOT]
+        if native.layout() != [len(static[0]) + 1, len(meta) // len(static), LINEAR_TENSORS, LINEAR_META, *kinds]:
             raise RuntimeError(f"fused decode: the C++ module's per-layer layout {native.layout()} is not this one")
         return cls(model, static, meta, native)
 

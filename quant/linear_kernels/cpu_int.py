@@ -1,5 +1,8 @@
-"""CPU mode auto: int4 weights times int8-quantized activations by integer dot products
+"""CPU mode auto: int4 and int8 weights times int8-quantized activations by integer dot products
 (kernels/csrc/cpu/qgemm.cpp), for every x86 CPU with AVX2.
+
+int8 weights (GGUF Q8_0: Int8Codes, W = scale * q per group) keep their codes as they are, the
+scales in fp16 when lossless; everything below holds for them too.
 
 The weight is repacked once at load: codes as 16 bytes per 32-column block (the layout the
 kernel unpacks with one shift and one mask), a scale and an offset per group
@@ -31,12 +34,18 @@ from edgellm.quant.linear_kernels.base import LinearKernel
 
 if TYPE_CHECKING:
     from edgellm.platform import Platform
-    from edgellm.quant.schemes import Int4Codes
+    from edgellm.quant.schemes import Int4Codes, Int8Codes
 
 logger = logging.getLogger(__name__)
 
 BLOCK = 32  # the kernel's activation block; groups must be multiples of it
 _EMPTY = torch.empty(0)
+
+
+def _compact(scale: torch.Tensor) -> torch.Tensor:
+    """fp16 when every value is exactly an fp16 value, else fp32."""
+    h = scale.half()
+    return h.contiguous() if torch.equal(h.float(), scale.float()) else scale.float().contiguous()
 
 
 def _compact_pair(scale: torch.Tensor, offset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,10 +68,10 @@ def int4_affine(codes: Int4Codes) -> tuple[torch.Tensor, torch.Tensor]:
     return scale, offset
 
 
-def act_order_perm(codes: Int4Codes) -> tuple[bool, torch.Tensor | None]:
+def act_order_perm(codes: Int4Codes | Int8Codes) -> tuple[bool, torch.Tensor | None]:
     """(ok, perm): a g_idx that is a permutation of contiguous groups becomes a permutation of
     x's columns (None: plain order); ok False when the groups are not that."""
-    if codes.g_idx is None:
+    if getattr(codes, "g_idx", None) is None:
         return True, None
     k = codes.codes.shape[1]
     g = codes.g_idx.long()
@@ -74,11 +83,12 @@ def act_order_perm(codes: Int4Codes) -> tuple[bool, torch.Tensor | None]:
 
 
 class CpuIntDotKernel(LinearKernel):
-    """int4 codes x int8 activations (see the module docstring); fp32 models on CPU."""
+    """int4 or int8 codes x int8 activations (see the module docstring); fp32 models on CPU."""
 
-    def __init__(self, codes: Int4Codes, native: Any, platform: Platform) -> None:
+    def __init__(self, codes: Int4Codes | Int8Codes, native: Any, platform: Platform) -> None:
         from edgellm.kernels.reference import pack_int4_blocks_ref
         from edgellm.quant.backends import pack_bf16
+        from edgellm.quant.schemes import Int8Codes
 
         _, perm = act_order_perm(codes)
         q = codes.codes
@@ -88,23 +98,29 @@ class CpuIntDotKernel(LinearKernel):
         self.n, self.k = q.shape
         self.group = codes.group_size
         self.perm = perm
-        self.qweight = pack_int4_blocks_ref(q)
-        self.scale, self.offset = _compact_pair(*int4_affine(codes))
+        self.bits = 8 if isinstance(codes, Int8Codes) else 4
+        if self.bits == 8:
+            self.qweight = q.to(torch.int8).contiguous()
+            self.scale, self.offset = _compact(codes.scales), _EMPTY
+        else:
+            self.qweight = pack_int4_blocks_ref(q)
+            self.scale, self.offset = _compact_pair(*int4_affine(codes))
         self.max_rows = 1 << 62  # rows up to which the integer dots run (calibrate() lowers it)
         self.dense: torch.Tensor | None = None
         self.dense_bf16 = platform.isa.bf16_units
         if platform.reserve_dense(self.n * self.k * (2 if self.dense_bf16 else 4)):
             from edgellm.kernels.reference import int_weight_ref, unpack_int4_blocks_ref
 
-            w = int_weight_ref(unpack_int4_blocks_ref(self.qweight), self.scale, self.offset, self.group)
+            q = self.qweight if self.bits == 8 else unpack_int4_blocks_ref(self.qweight)
+            w = int_weight_ref(q, self.scale, self.offset if self.bits == 4 else None, self.group)
             self.dense = pack_bf16(w) if self.dense_bf16 else w.contiguous()
 
     @classmethod
     def can_implement(cls, **spec: Any) -> tuple[bool, str | None]:
-        codes: Int4Codes | None = spec.get("codes")
+        codes: Int4Codes | Int8Codes | None = spec.get("codes")
         platform: Platform | None = spec.get("platform")
         if codes is None:
-            return False, "not int4 codes"
+            return False, "not int4 or int8 codes"
         if platform is None or not platform.int_dot:
             return False, "CPU mode is not auto (or the CPU has no AVX2)"
         if spec.get("native") is None:
@@ -121,7 +137,7 @@ class CpuIntDotKernel(LinearKernel):
     def int_dot(self, x2: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x2 [M, K] fp32 (stored column order) -> [M, N] fp32 by integer dots."""
         b = _EMPTY if bias is None else bias
-        return self.native.int_linear(x2, self.qweight, self.scale, self.offset, 4, self.group, b)
+        return self.native.int_linear(x2, self.qweight, self.scale, self.offset, self.bits, self.group, b)
 
     def dense_matmul(self, x2: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         from edgellm.quant.backends import bf16_linear

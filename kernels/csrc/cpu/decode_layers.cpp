@@ -40,8 +40,8 @@ static at::Tensor linear(const at::Tensor& x, const at::Tensor* t, const int64_t
   const at::Tensor &a = t[0], &b = t[1], &c = t[2], &dense = t[3], &bias = t[4];
   const int64_t kind = m[0], group = m[1], max_rows = m[2];
   const bool small = x.size(0) <= max_rows;
-  if (kind == LINEAR_INT_DOT && (small || dense.numel() == 0)) {
-    return int_linear(x.contiguous(), a, b, c, 4, group, bias);
+  if ((kind == LINEAR_INT_DOT || kind == LINEAR_INT8_DOT) && (small || dense.numel() == 0)) {
+    return int_linear(x.contiguous(), a, b, c, kind == LINEAR_INT8_DOT ? 8 : 4, group, bias);
   }
   at::Tensor y;
   if (kind == LINEAR_TINYGEMM && small) {
@@ -57,7 +57,10 @@ static at::Tensor linear(const at::Tensor& x, const at::Tensor* t, const int64_t
   return y;
 }
 
-std::vector<int64_t> layout() { return {PER_LAYER, META_PER_LAYER, LINEAR_TENSORS, LINEAR_META}; }
+std::vector<int64_t> layout() {
+  return {PER_LAYER, META_PER_LAYER, LINEAR_TENSORS, LINEAR_META,
+          LINEAR_DENSE, LINEAR_TINYGEMM, LINEAR_INT_DOT, LINEAR_INT8_DOT};
+}
 
 // One decode-only step through all layers (declared, with the per-layer tensors, in decode_layers.h).
 at::Tensor decode_layers(at::Tensor x, at::Tensor cos, at::Tensor sin, at::Tensor slots,

@@ -12,9 +12,10 @@ namespace edgellm::cpu {
 // and LINEAR_META ints (kind, group, max_rows):
 //   kind 0: dense only (fp32, or bf16 plain / oneDNN-blocked);
 //   kind 1: torch's int4 GEMV up to max_rows rows (a: packed, b: scale_zero; group: its group);
-//   kind 2: integer dots up to max_rows rows (a: qweight, b: scale, c: offset; qgemm.h), the
-//           dense matrix beyond when given.
-constexpr int64_t LINEAR_DENSE = 0, LINEAR_TINYGEMM = 1, LINEAR_INT_DOT = 2;
+//   kind 2: int4 integer dots up to max_rows rows (a: qweight, b: scale, c: offset; qgemm.h),
+//           the dense matrix beyond when given;
+//   kind 3: the same with int8 codes (no offset).
+constexpr int64_t LINEAR_DENSE = 0, LINEAR_TINYGEMM = 1, LINEAR_INT_DOT = 2, LINEAR_INT8_DOT = 3;
 constexpr int64_t LINEAR_TENSORS = 5, LINEAR_META = 3;
 // input norm, qkv, o, post norm, gate_up, down, kv cache
 constexpr int64_t PER_LAYER = 2 + 4 * LINEAR_TENSORS + 1;
@@ -31,7 +32,7 @@ at::Tensor decode_layers(at::Tensor x, at::Tensor cos, at::Tensor sin, at::Tenso
                          std::vector<int64_t> meta, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                          int64_t intermediate, double eps, double scale, std::vector<double> kv_scales);
 
-// {PER_LAYER, META_PER_LAYER, LINEAR_TENSORS, LINEAR_META}
+// {PER_LAYER, META_PER_LAYER, LINEAR_TENSORS, LINEAR_META, then the four kinds}
 std::vector<int64_t> layout();
 
 }  // namespace edgellm::cpu
