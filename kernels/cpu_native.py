@@ -29,9 +29,11 @@ decode step. The Python model (models/decoder.FusedDecode) decides when it
 applies and falls back to the layer-by-layer path otherwise.
 
 The C++ lives in kernels/csrc/cpu/: vec.h (the vector helpers the kernels
-share), one op per .cpp (attention.cpp, decode_layers.cpp, norm.cpp,
-rotary.cpp, activation.cpp; small headers for what one needs from another)
-and bindings.cpp (the Python module). It is compiled on first use with
+share: 16 fp32 lanes as one zmm on AVX-512 or two ymm on AVX2), one op per
+.cpp (attention.cpp, decode_layers.cpp, norm.cpp, rotary.cpp, activation.cpp,
+qgemm.cpp for the integer-dot matmuls, logits_head.cpp for the int8 logits
+head; small headers for what one needs from another) and bindings.cpp (the
+Python module), built once per ISA level (edgellm/cpu_isa.py). It is compiled on first use with
 torch.utils.cpp_extension.load (g++, ninja and torch's headers; ~1 min once on
 two cores, cached under $EDGELLM_CACHE/torch_extensions, keyed by every source
 and header, the flags, this CPU's flags since it is built for the host ISA,

@@ -38,7 +38,7 @@ at::Tensor silu_mul(at::Tensor gu) {
           g = _mm512_loadu_ps(gf + t * rs + i);
           u = _mm512_loadu_ps(gf + t * rs + I + i);
         }
-        const __m512 sig = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+        const __m512 sig = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
         const __m256bh y = _mm512_cvtneps_pbh(_mm512_mul_ps(sig, u));
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(op + t * I + i), (__m256i)y);
       }

@@ -24,6 +24,12 @@ static inline V16 v16_zero() { return _mm512_setzero_ps(); }
 static inline V16 v16_set1(float a) { return _mm512_set1_ps(a); }
 static inline V16 v16_load(const float* p) { return _mm512_loadu_ps(p); }
 static inline V16 v16_add(V16 a, V16 b) { return _mm512_add_ps(a, b); }
+static inline V16 v16_sub(V16 a, V16 b) { return _mm512_sub_ps(a, b); }
+static inline V16 v16_min(V16 a, V16 b) { return _mm512_min_ps(a, b); }
+static inline V16 v16_max(V16 a, V16 b) { return _mm512_max_ps(a, b); }
+static inline V16 v16_fnmadd(V16 a, V16 b, V16 c) { return _mm512_fnmadd_ps(a, b, c); }  // c - a b
+static inline V16 v16_round(V16 a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline V16 v16_times_pow2(V16 p, V16 k) { return _mm512_scalef_ps(p, k); }  // p * 2^k
 static inline V16 v16_mul(V16 a, V16 b) { return _mm512_mul_ps(a, b); }
 static inline V16 v16_fmadd(V16 a, V16 b, V16 c) { return _mm512_fmadd_ps(a, b, c); }
 static inline void v16_store(float* p, V16 v) { _mm512_storeu_ps(p, v); }
@@ -42,6 +48,22 @@ static inline V16 v16_zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}
 static inline V16 v16_set1(float a) { return {_mm256_set1_ps(a), _mm256_set1_ps(a)}; }
 static inline V16 v16_load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
 static inline V16 v16_add(V16 a, V16 b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+static inline V16 v16_sub(V16 a, V16 b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+static inline V16 v16_min(V16 a, V16 b) { return {_mm256_min_ps(a.lo, b.lo), _mm256_min_ps(a.hi, b.hi)}; }
+static inline V16 v16_max(V16 a, V16 b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+static inline V16 v16_fnmadd(V16 a, V16 b, V16 c) {  // c - a b
+  return {_mm256_fnmadd_ps(a.lo, b.lo, c.lo), _mm256_fnmadd_ps(a.hi, b.hi, c.hi)};
+}
+static inline V16 v16_round(V16 a) {
+  constexpr int mode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  return {_mm256_round_ps(a.lo, mode), _mm256_round_ps(a.hi, mode)};
+}
+// p * 2^k for integral k in [-126, 127]: 2^k built in the exponent field
+static inline __m256 times_pow2_8(__m256 p, __m256 k) {
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+static inline V16 v16_times_pow2(V16 p, V16 k) { return {times_pow2_8(p.lo, k.lo), times_pow2_8(p.hi, k.hi)}; }
 static inline V16 v16_mul(V16 a, V16 b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
 static inline V16 v16_fmadd(V16 a, V16 b, V16 c) {
   return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
@@ -111,72 +133,40 @@ static inline const float* kv_row(const uint8_t* p, float* buf, int64_t D) {
   return buf;
 }
 
-#if defined(__AVX512F__)
-// exp(v), v clamped to [-87.3, 88.7]: range reduction by ln 2 (Cody-Waite), a degree-6 Taylor
-// polynomial on |r| <= ln2 / 2 and scalef: within 2 ulp of expf.
-static inline __m512 exp512(__m512 v) {
-  const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
-  const __m512 ln2hi = _mm512_set1_ps(0.693359375f), ln2lo = _mm512_set1_ps(-2.12194440e-4f);
-  const __m512 c2 = _mm512_set1_ps(1.f / 2), c3 = _mm512_set1_ps(1.f / 6), c4 = _mm512_set1_ps(1.f / 24);
-  const __m512 c5 = _mm512_set1_ps(1.f / 120), c6 = _mm512_set1_ps(1.f / 720), one = _mm512_set1_ps(1.f);
-  v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.7f));
-  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(v, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(k, ln2hi, v);
-  r = _mm512_fnmadd_ps(k, ln2lo, r);
-  __m512 p = _mm512_fmadd_ps(c6, r, c5);
-  p = _mm512_fmadd_ps(p, r, c4);
-  p = _mm512_fmadd_ps(p, r, c3);
-  p = _mm512_fmadd_ps(p, r, c2);
-  p = _mm512_fmadd_ps(p, r, one);
-  p = _mm512_fmadd_ps(p, r, one);
-  return _mm512_scalef_ps(p, k);
-}
-#elif defined(EDGELLM_V16)
-// exp512's steps on 8 lanes; 2^k built in the exponent field (k >= -126 after the clamp; the
-// softmax calls it on v <= 0 only, and v <= 88.3 keeps k <= 127).
-static inline __m256 exp256(__m256 v) {
-  const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
-  const __m256 ln2hi = _mm256_set1_ps(0.693359375f), ln2lo = _mm256_set1_ps(-2.12194440e-4f);
-  const __m256 c2 = _mm256_set1_ps(1.f / 2), c3 = _mm256_set1_ps(1.f / 6), c4 = _mm256_set1_ps(1.f / 24);
-  const __m256 c5 = _mm256_set1_ps(1.f / 120), c6 = _mm256_set1_ps(1.f / 720), one = _mm256_set1_ps(1.f);
-  v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
-  const __m256 k = _mm256_round_ps(_mm256_mul_ps(v, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(k, ln2hi, v);
-  r = _mm256_fnmadd_ps(k, ln2lo, r);
-  __m256 p = _mm256_fmadd_ps(c6, r, c5);
-  p = _mm256_fmadd_ps(p, r, c4);
-  p = _mm256_fmadd_ps(p, r, c3);
-  p = _mm256_fmadd_ps(p, r, c2);
-  p = _mm256_fmadd_ps(p, r, one);
-  p = _mm256_fmadd_ps(p, r, one);
-  const __m256i pow2k = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(pow2k));
+#if defined(EDGELLM_V16)
+// exp(v), v clamped to [-87.3, 88.3]: range reduction by ln 2 (Cody-Waite), a degree-6 Taylor
+// polynomial on |r| <= ln2 / 2 and p * 2^k: within 2 ulp of expf.
+static inline V16 exp16(V16 v) {
+  const V16 log2e = v16_set1(1.44269504088896341f), ln2hi = v16_set1(0.693359375f);
+  const V16 ln2lo = v16_set1(-2.12194440e-4f), one = v16_set1(1.f);
+  v = v16_min(v16_max(v, v16_set1(-87.3f)), v16_set1(88.3f));
+  const V16 k = v16_round(v16_mul(v, log2e));
+  V16 r = v16_fnmadd(k, ln2hi, v);
+  r = v16_fnmadd(k, ln2lo, r);
+  V16 p = v16_fmadd(v16_set1(1.f / 720), r, v16_set1(1.f / 120));
+  p = v16_fmadd(p, r, v16_set1(1.f / 24));
+  p = v16_fmadd(p, r, v16_set1(1.f / 6));
+  p = v16_fmadd(p, r, v16_set1(1.f / 2));
+  p = v16_fmadd(p, r, one);
+  p = v16_fmadd(p, r, one);
+  return v16_times_pow2(p, k);
 }
 #endif
 
-// x[i] = exp(x[i] - mx) for i < n (every x[i] <= mx), returning their sum (AVX-512: exp512;
-// AVX2: exp256; elsewhere std::exp).
+// x[i] = exp(x[i] - mx) for i < n (every x[i] <= mx), returning their sum (exp16 where built in;
+// elsewhere std::exp).
 static inline float exp_shifted_sum(float* x, int64_t n, float mx) {
   int64_t i = 0;
   float sum = 0.f;
-#if defined(__AVX512F__)
-  const __m512 vmx = _mm512_set1_ps(mx);
-  __m512 vsum = _mm512_setzero_ps();
+#if defined(EDGELLM_V16)
+  const V16 vmx = v16_set1(mx);
+  V16 vsum = v16_zero();
   for (; i + 16 <= n; i += 16) {
-    const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(x + i), vmx));
-    _mm512_storeu_ps(x + i, e);
-    vsum = _mm512_add_ps(vsum, e);
+    const V16 e = exp16(v16_sub(v16_load(x + i), vmx));
+    v16_store(x + i, e);
+    vsum = v16_add(vsum, e);
   }
-  sum = _mm512_reduce_add_ps(vsum);
-#elif defined(EDGELLM_V16)
-  const __m256 vmx = _mm256_set1_ps(mx);
-  __m256 vsum = _mm256_setzero_ps();
-  for (; i + 8 <= n; i += 8) {
-    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmx));
-    _mm256_storeu_ps(x + i, e);
-    vsum = _mm256_add_ps(vsum, e);
-  }
-  sum = v16_sum({vsum, _mm256_setzero_ps()});
+  sum = v16_sum(vsum);
 #endif
   for (; i < n; ++i) {
     x[i] = std::exp(x[i] - mx);
