@@ -1,4 +1,4 @@
-"""Integer-dot int4 matmul (kernels/csrc/cpu/qgemm.cpp) vs the fp32 dense matmul, ms per
+"""Integer-dot int4 matmul (edgellm/kernels/csrc/cpu/qgemm.cpp) vs the fp32 dense matmul, ms per
 SmolLM2-135M layer at several row counts, with 30 layers' weights cycled so they come from memory
 as in a real step. Prints one line per row count (and their ratio); results/cpu_int_dot_avx2.json
 holds a run on an AVX2 EPYC.

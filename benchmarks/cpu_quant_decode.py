@@ -7,7 +7,7 @@ Q8_0 embedding): weights dequantized to fp32 at load ("exact") vs int4 kept pack
      576 -> 3072): fp32 F.linear (the exact path), torch's int4 GEMV (bf16 activations),
      bf16 F.linear over the dequantized weight (the fast path's larger steps), exact
      dequant + fp32 matmul per call (past the dense budget) -> the M up to which the GEMV
-     wins (quant/backends.GEMV_MAX_ROWS);
+     wins (edgellm/quant/backends.GEMV_MAX_ROWS);
   3. decode tokens/s at batch 1 (and batch 4), both modes, interleaved repeats;
      prefill time of a ~200-token prompt;
   4. roofline: weight bytes each decode step reads / measured read bandwidth, and the
@@ -169,7 +169,7 @@ def main() -> None:
     from edgellm.quant.backends import GEMV_MAX_ROWS
 
     print(f"int4 GEMV beats the bf16 matmul up to M={gemv_crossover(sweep)} here "
-          f"(quant/backends.GEMV_MAX_ROWS = {GEMV_MAX_ROWS})")
+          f"(edgellm/quant/backends.GEMV_MAX_ROWS = {GEMV_MAX_ROWS})")
 
     llms, results = {}, {}
     for mode in ("exact", "fast"):

@@ -212,7 +212,7 @@ def load_model(
 def _use_cpu_paths(model: CausalLM, scheme: QuantScheme, cfg: ModelConfig, platform: Platform) -> None:
     """An fp32 model on CPU: C++ decode attention and decode-only steps through all layers in one
     call (fp32 math, every mode). Mode auto: the integer-dot logits head, the int-dot vs dense
-    crossover measured (quant/linear_kernels/cpu_int.calibrate), shared-prefix prefill attention
+    crossover measured (edgellm/quant/linear_kernels/cpu_int.calibrate), shared-prefix prefill attention
     (in bf16 where the CPU has bf16 units, else fp32), rotary and RMSNorm in C++. Mode fast: the
     int8 / bf16 logits head, bf16 prefill attention, rotary and RMSNorm in C++ and a bf16 MLP
     intermediate (SiLU-and-mul in C++) where both MLP linears are int4."""

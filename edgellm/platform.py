@@ -7,7 +7,7 @@ to the quant scheme; nothing is switched on modules afterwards by process-wide f
 
 CPU modes for quantized linears:
 - "auto": the fastest this CPU has. Weights stay quantized; decode-sized steps
-  run integer dot products over int8-quantized activations (kernels/csrc/cpu/qgemm.cpp: AVX2
+  run integer dot products over int8-quantized activations (edgellm/kernels/csrc/cpu/qgemm.cpp: AVX2
   vpmaddubsw, on every x86-64-v3 CPU); larger steps take whichever of that and a dense matmul
   (fp32, or bf16 where the CPU has bf16 units) measured faster for this model at load.
 - "exact": every weight dequantized once, fp32 matmuls: the same logits as transformers.
@@ -68,7 +68,7 @@ class Platform:
         return self.cpu_quant == "auto"
 
     def native(self):
-        """The C++ CPU kernels built for this level (kernels/cpu_native.py), or None."""
+        """The C++ CPU kernels built for this level (edgellm/kernels/cpu_native.py), or None."""
         if self.isa.level == "none":
             return None
         from edgellm.kernels import cpu_native

@@ -98,7 +98,7 @@ class SamplingParams:
     @property
     def argmax_only(self) -> bool:
         """Only the highest logit matters (greedy, no penalties, no logprobs): a logits head that is
-        exact on its candidates for the maximum only (quant/backends.CpuFastLogitsHead) gives the same token."""
+        exact on its candidates for the maximum only (edgellm/quant/backends.CpuFastLogitsHead) gives the same token."""
         return (self.greedy and self.logprobs is None and self.presence_penalty == 0.0
                 and self.frequency_penalty == 0.0 and self.repetition_penalty == 1.0)
 

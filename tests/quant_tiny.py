@@ -2,7 +2,7 @@
 
 Each linear of a tiny random transformers model (tests/tiny_models.py) is
 quantized round-to-nearest, packed with the exact packers of
-kernels/int4_layouts.py, and saved with the tool's quantization_config. The
+edgellm/kernels/int4_layouts.py, and saved with the tool's quantization_config. The
 function also returns the transformers model holding the DEQUANTIZED weights:
 what a correct loader must reproduce (up to fp32 rounding).
 """

@@ -1,4 +1,4 @@
-"""The C++ CPU kernels (kernels/cpu_native.py): the decode attention against the torch reference on
+"""The C++ CPU kernels (edgellm/kernels/cpu_native.py): the decode attention against the torch reference on
 fresh random caches (GQA, scattered block tables, lengths on and off block edges, sliding windows,
 a mixed decode + prefill step), and the fused decode pass (models/fused_decode.py) against the
 layer-by-layer path on tiny models of several architectures and on the default model."""
@@ -141,7 +141,7 @@ def test_fast_engine_decodes_through_it(built, monkeypatch):
 
 
 def test_a_compile_error_is_reported_with_its_file_and_line(tmp_path, monkeypatch, caplog):
-    """A copy of kernels/csrc/cpu with one broken .cpp (the only .cpp left, so the build fails in
+    """A copy of edgellm/kernels/csrc/cpu with one broken .cpp (the only .cpp left, so the build fails in
     seconds): the build returns the compiler's first error with its file and line, and the loader
     falls back to None with that in its one warning."""
     src = tmp_path / "csrc"

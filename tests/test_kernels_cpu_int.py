@@ -1,5 +1,5 @@
-"""The integer-dot CPU matmuls (kernels/csrc/cpu/qgemm.cpp) against the plain references of
-kernels/reference.py, at every ISA level this CPU can run (EDGELLM_CPU_ISA-style caps), on
+"""The integer-dot CPU matmuls (edgellm/kernels/csrc/cpu/qgemm.cpp) against the plain references of
+edgellm/kernels/reference.py, at every ISA level this CPU can run (EDGELLM_CPU_ISA-style caps), on
 fresh random data at odd shapes.
 
 Two properties per case: (1) with the activations rounded exactly as the kernel rounds them

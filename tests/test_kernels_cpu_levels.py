@@ -1,4 +1,4 @@
-"""The C++ CPU kernels built at every ISA level this CPU can run (kernels/csrc/cpu/vec.h: one
+"""The C++ CPU kernels built at every ISA level this CPU can run (edgellm/kernels/csrc/cpu/vec.h: one
 source, 16-lane vectors as one zmm on AVX-512 or two ymm on AVX2), each against the torch
 reference on fresh random data: paged decode attention (GQA, scattered pages, lengths on and off
 page edges, a sliding window, sequences sharing cached prefix pages, fp32 rows of odd widths that

@@ -1,5 +1,5 @@
-"""The integer-dot logits head of CPU mode auto (quant/linear_kernels/cpu_int_head.py and its C++
-op, kernels/csrc/cpu/logits_head.cpp) at every ISA level this CPU can run, on fresh random
+"""The integer-dot logits head of CPU mode auto (edgellm/quant/linear_kernels/cpu_int_head.py and its C++
+op, edgellm/kernels/csrc/cpu/logits_head.cpp) at every ISA level this CPU can run, on fresh random
 weights and hidden states: the argmax is the fp32 head's, the window holds every fp32 logit, the
 recomputed tokens carry fp32 values, a near-tie between two vocabulary rows whose int8 codes are
 the same is settled in fp32, and a row with too many candidates is recomputed whole."""

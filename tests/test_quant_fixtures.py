@@ -71,7 +71,7 @@ def test_int4_fixture_on_the_fast_cpu_path(name, monkeypatch):
 @pytest.mark.parametrize("name", INT4)
 def test_int4_fixture_on_the_auto_cpu_path(name):
     """The default mode: int4 codes kept, integer dots over int8 activations in every step size
-    calibration leaves them (kernels/csrc/cpu/qgemm.cpp); only the activations' rounding differs."""
+    calibration leaves them (edgellm/kernels/csrc/cpu/qgemm.cpp); only the activations' rounding differs."""
     # capped at avx2: fp32 prompt attention on every CPU (bf16 where the CPU has bf16 units)
     llm = LLM(str(FIXTURES / name), kv_cache_memory=4 << 20, cpu_quant="auto", cpu_isa="avx2")
     ids, want = _reference(name)

@@ -85,7 +85,7 @@ def test_int4_fast_path_runs_packed_and_stays_close(int4_case, monkeypatch):
 
 def _int8_activations(ref: torch.nn.Module, ckpt: Path, ignore: tuple[str, ...]) -> torch.nn.Module:
     """`ref` with every quantized linear's input rounded as the integer-dot kernel rounds it
-    (kernels/reference.quantize_rows_ref, per 32 columns, in act-order's column order)."""
+    (edgellm/kernels/reference.quantize_rows_ref, per 32 columns, in act-order's column order)."""
     tensors = load_file(ckpt / "model.safetensors")
     model = copy.deepcopy(ref)
 
@@ -116,7 +116,7 @@ def test_int4_auto_path_is_integer_dots_over_rounded_activations(int4_case):
     size: calibration may hand large steps to the exact dense matmul where that measured faster).
 
     Inside the model, every call of every int-dot linear equals the plain reference on the input
-    it received (kernels/reference.int_linear_ref: that input rounded by quantize_rows_ref, times
+    it received (edgellm/kernels/reference.int_linear_ref: that input rounded by quantize_rows_ref, times
     the dequantized weight). End to end, the logits are those of transformers with each quantized
     linear's input rounded the same way, far closer to them than the exact model is: fp32 noise
     upstream can move an activation across a rounding boundary (one code off by one), and through

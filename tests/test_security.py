@@ -244,7 +244,7 @@ _UNSAFE = [
 
 def _python_files() -> list[Path]:
     out = []
-    for top in ("edgellm", "kernels", "quant", "benchmarks", "tests"):
+    for top in ("edgellm", "benchmarks", "tests"):
         out += sorted((ROOT / top).rglob("*.py"))
     return out
 

@@ -52,7 +52,7 @@ class _Stream:
 
 def warm_matmuls(engine: LLMEngine) -> None:
     """CPU fast mode: build oneDNN's matmul primitives for every step size now rather than in the
-    first requests of each size (quant/backends.warm_matmul_shapes)."""
+    first requests of each size (edgellm/quant/backends.warm_matmul_shapes)."""
     from edgellm.quant.backends import PACKED_BF16, warm_matmul_shapes
 
     if not PACKED_BF16 or not str(engine.config.device).startswith("cpu"):

@@ -2,7 +2,7 @@
 
 The backend follows the cache's device: the torch reference on CPU, the
 Triton kernels on CUDA. Both share the cache layout documented in
-kernels/paged_attention.py.
+edgellm/kernels/paged_attention.py.
 
 FP8 KV cache: K and V are stored as float8_e4m3fn divided by per-layer
 scales. The scales come from the checkpoint (compressed-tensors writes
@@ -47,7 +47,7 @@ class Attention(nn.Module):
         self.k_scale = 1.0
         self.v_scale = 1.0
         self.scales_known = False  # fp8: set from the checkpoint, else from the first prefill
-        self.cpp_decode = False  # fp32 on CPU: decode rows through kernels/cpu_native.py
+        self.cpp_decode = False  # fp32 on CPU: decode rows through edgellm/kernels/cpu_native.py
         self.prefill_dtype: torch.dtype | None = None  # CPU "fast" mode: bf16 prefill attention
 
     def bind_cache(self, cache: torch.Tensor, k_scale: float | None, v_scale: float | None) -> None:

@@ -20,7 +20,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (self.native and x.dtype == torch.float32 and self.weight.dtype == torch.float32 and x.dim() == 2
                 and x.shape[0] > 1 and x.stride(1) == 1):
-            return cpu_native.rms_norm(x, self.weight, self.eps)  # one pass (kernels/cpu_native.py)
+            return cpu_native.rms_norm(x, self.weight, self.eps)  # one pass (edgellm/kernels/cpu_native.py)
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
             # one fused op instead of six; the same fp32 math, bit for bit (tests/test_layers.py)
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)

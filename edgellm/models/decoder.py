@@ -57,7 +57,7 @@ class SelfAttention(nn.Module):
     ) -> torch.Tensor:
         qkv = self.qkv_proj(x)
         if self.native_rotary and qkv.dtype == torch.float32 and qkv.dim() == 2 and qkv.stride(-1) == 1:
-            # CPU fast mode: rotary in place on the projection (kernels/cpu_native.rotate_)
+            # CPU fast mode: rotary in place on the projection (edgellm/kernels/cpu_native.rotate_)
             cos, sin = cos_sin
             cpu_native.rotate_(qkv, cos.reshape(qkv.shape[0], -1), sin.reshape(qkv.shape[0], -1),
                                self.num_heads + self.num_kv_heads, self.head_dim)
@@ -100,7 +100,7 @@ class MLP(nn.Module):
             # the down projection rounds its input to bf16 anyway: keep gate/up and SiLU in bf16
             # instead of widening [T, 2 * intermediate] to fp32 and back (prefill-sized steps)
             gu = self.gate_up_proj(x.to(torch.bfloat16))
-            if self.native_silu_mul:  # one pass, one rounding (kernels/cpu_native.silu_mul)
+            if self.native_silu_mul:  # one pass, one rounding (edgellm/kernels/cpu_native.silu_mul)
                 return self.down_proj(cpu_native.silu_mul(gu.reshape(-1, gu.shape[-1]))).to(x.dtype)
             gate, up = gu.split(self.intermediate_size, dim=-1)
             return self.down_proj(F.silu(gate) * up).to(x.dtype)
@@ -178,7 +178,7 @@ class CausalLM(nn.Module):
         return self.model(batch)
 
     def use_fast_logits(self) -> None:
-        """CPU "fast" mode: an int8 / bf16 logits head for argmax-only rows (quant/backends.CpuFastLogitsHead)."""
+        """CPU "fast" mode: an int8 / bf16 logits head for argmax-only rows (edgellm/quant/backends.CpuFastLogitsHead)."""
         from edgellm.quant.backends import CpuFastLogitsHead
 
         if self.lm_head is None:
@@ -191,7 +191,7 @@ class CausalLM(nn.Module):
 
     def use_int_dot_logits(self, native) -> None:
         """CPU mode auto: an integer-dot logits head for argmax-only rows
-        (quant/linear_kernels/cpu_int_head.IntDotLogitsHead)."""
+        (edgellm/quant/linear_kernels/cpu_int_head.IntDotLogitsHead)."""
         from edgellm.quant.linear_kernels.cpu_int_head import IntDotLogitsHead
 
         weight = self.model.embed_tokens.weight if self.lm_head is None else getattr(self.lm_head, "weight", None)

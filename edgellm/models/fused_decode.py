@@ -1,11 +1,11 @@
 """fp32 models on CPU (every --cpu-quant mode): a decode-only step through every decoder layer
-in one C++ call (kernels/csrc/cpu/decode_layers.cpp).
+in one C++ call (edgellm/kernels/csrc/cpu/decode_layers.cpp).
 
 The layer-by-layer path runs ~40 small torch ops per layer; at batch 1 their Python and
 dispatcher cost was half of a decode step of SmolLM2-135M. The fused call does the same
 math with the same matmul ops (integer dots, int4 GEMV, bf16 or fp32 dense, chosen by rows
-exactly as the Python kernels do: quant/linear_kernels/cpu_int.CpuIntDotKernel,
-quant/backends.CpuInt4Kernel) and hand-written loops for the rest. On the exact path
+exactly as the Python kernels do: edgellm/quant/linear_kernels/cpu_int.CpuIntDotKernel,
+edgellm/quant/backends.CpuInt4Kernel) and hand-written loops for the rest. On the exact path
 (fp32 weights) it agrees with the layers to fp32 summation-order noise (~1e-6), which is
 also how far the layer path is from transformers.
 
@@ -36,7 +36,7 @@ _EMPTY = torch.empty(0)
 _CACHE_DTYPES = (torch.float32, torch.float8_e4m3fn)
 
 
-# One linear in the per-layer list (kernels/csrc/cpu/decode_layers.h declares the same layout):
+# One linear in the per-layer list (edgellm/kernels/csrc/cpu/decode_layers.h declares the same layout):
 # LINEAR_TENSORS tensors (a, b, c, dense, bias) and LINEAR_META ints (kind, group, max_rows).
 LINEAR_DENSE, LINEAR_TINYGEMM, LINEAR_INT_DOT, LINEAR_INT8_DOT = 0, 1, 2, 3
 LINEAR_TENSORS, LINEAR_META = 5, 3

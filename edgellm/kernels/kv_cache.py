@@ -1,6 +1,6 @@
 """Write a step's K/V into the paged cache by slot: Triton kernel (the CUDA backend).
 
-The torch reference is `write_kv_ref` in kernels/paged_attention.py, which also
+The torch reference is `write_kv_ref` in edgellm/kernels/paged_attention.py, which also
 documents the cache layout [2, num_blocks, block_size, num_kv_heads, head_dim].
 With an fp8 cache (torch.float8_e4m3fn) values are stored as
 clamp(x / scale, -448, 448) rounded to nearest even, exactly like the reference;

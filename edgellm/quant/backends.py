@@ -125,7 +125,7 @@ class DenseKernel:
 
 
 class TritonInt4Kernel:
-    """CUDA: the W4A16 dequant-GEMM over the canonical layout (kernels/int4_layouts)."""
+    """CUDA: the W4A16 dequant-GEMM over the canonical layout (edgellm/kernels/int4_layouts)."""
 
     def __init__(self, codes: Int4Codes, device: torch.device) -> None:
         from edgellm.kernels.int4_layouts import repack_int4

@@ -8,7 +8,7 @@ the matmul runs. Layers and the loader never branch on the format.
 
 Weight-only formats subclass QuantLinearMethod: the format only decodes its
 tensors (exactly: `dequantize`, and where it is plain int4, `int4`); the base
-picks the matmul (quant/backends.py): the Triton kernels on CUDA, and on CPU
+picks the matmul (edgellm/quant/backends.py): the Triton kernels on CUDA, and on CPU
 what the load's Platform says (edgellm/platform.py: integer dots in mode auto,
 dequantized once in mode exact).
 """
@@ -168,7 +168,7 @@ def dequantize_g_idx(layer: nn.Module, codes: Int4Codes,
 
 
 class QuantLinearMethod(LinearMethod):
-    """A weight-quantized linear: the format decodes, quant/backends.py runs the matmul.
+    """A weight-quantized linear: the format decodes, edgellm/quant/backends.py runs the matmul.
 
     Subclasses implement `create_weights` and `dequantize` (exact float32 W [N, K]),
     and `int4` where the weights are plain int4 codes with group scales.

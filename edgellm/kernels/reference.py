@@ -1,4 +1,4 @@
-"""Plain torch references for the CPU integer-dot matmuls (kernels/csrc/cpu/qgemm.cpp).
+"""Plain torch references for the CPU integer-dot matmuls (edgellm/kernels/csrc/cpu/qgemm.cpp).
 
 No fast paths here: the C++ kernels are tested against these on fresh random data.
 """

@@ -10,7 +10,7 @@ by key against ../shared/fixtures):
   int-quantized    weight int8 [N, K], weight_scale [N, 1]
   float-quantized  weight float8_e4m3fn [N, K], weight_scale [N, 1] or [1] (+ input_scale [1])
   kv cache         <layer>.self_attn.k_scale / v_scale [1] and quantization_config.kv_cache_scheme
-AutoAWQ "gemm" and GPTQ v1 go through the exact packers in kernels/int4_layouts.py.
+AutoAWQ "gemm" and GPTQ v1 go through the exact packers in edgellm/kernels/int4_layouts.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ One convention throughout: integer weights are held as unsigned codes
 `q` in 0..2^b-1 with a zero code `z` per (row, group), W = (q - z) * s.
 Symmetric quantization is the special case z = 2^(b-1) (8 for int4, 128 for
 int8), which is how compressed-tensors (signed value + 2^(b-1)), GPTQ (zero 8
-stored as 7) and the kernels in kernels/int4_layouts.py see it.
+stored as 7) and the kernels in edgellm/kernels/int4_layouts.py see it.
 
 Scales are rounded to the checkpoint's storage dtype *before* codes are
 chosen, so the codes are optimal for the scales that end up on disk.

@@ -1,5 +1,5 @@
 """CPU mode auto: int4 and int8 weights times int8-quantized activations by integer dot products
-(kernels/csrc/cpu/qgemm.cpp), for every x86 CPU with AVX2.
+(edgellm/kernels/csrc/cpu/qgemm.cpp), for every x86 CPU with AVX2.
 
 int8 weights (GGUF Q8_0: Int8Codes, W = scale * q per group) keep their codes as they are, the
 scales in fp16 when lossless; everything below holds for them too.
@@ -11,7 +11,7 @@ when that is lossless, else fp32. Activations are quantized per call to int8 per
 block (llama.cpp's Q8_0 rule), so the result differs from the exact path only by that rounding:
 per output at most sum_b (d_b / 2) * sum_{k in b} |W[n, k]| (d_b: the block's step), and in
 practice its random-walk part (tests/test_kernels_cpu_int.py checks both against
-kernels/reference.py).
+edgellm/kernels/reference.py).
 
 Large steps (prefill) are compute-bound, and there a dense matmul may win: on AVX2 fp32 FMA
 and vpmaddubsw do the same multiply-adds per cycle, with bf16 units (AMX) bf16 wins outright.

@@ -1,5 +1,5 @@
 // Decode attention over the paged KV cache: one query token per sequence, K and V read straight
-// from the pages (see kernels/cpu_native.py for the whole picture).
+// from the pages (see edgellm/kernels/cpu_native.py for the whole picture).
 #include "attention.h"
 
 #include <ATen/Parallel.h>

@@ -1,6 +1,6 @@
 // A decode-only step (one token per sequence) through every decoder layer in one call: RMSNorm,
 // the matmuls (the same ATen ops the Python path calls), rotary, the K/V write, the attention,
-// SiLU-and-mul and both residual adds (see kernels/cpu_native.py).
+// SiLU-and-mul and both residual adds (see edgellm/kernels/cpu_native.py).
 #include "decode_layers.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -23,7 +23,7 @@
 
 namespace edgellm::cpu {
 
-// y = x W^T for a bf16 weight in oneDNN's blocked layout (quant/backends.pack_bf16): the op the
+// y = x W^T for a bf16 weight in oneDNN's blocked layout (edgellm/quant/backends.pack_bf16): the op the
 // Python path calls, through the dispatcher (it has no C++ API of its own).
 static at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& w) {
   static const c10::OperatorHandle op =
@@ -118,7 +118,7 @@ at::Tensor decode_layers(at::Tensor x, at::Tensor cos, at::Tensor sin, at::Tenso
     TORCH_CHECK(qkv.size(1) == QKV, "qkv width");
     float* qp = qkv.data_ptr<float>();
     rotate_rows(qp, QKV, cp, snp, B, Hq + Hkv, D);  // q heads, then k heads
-    if (fp8) {  // as kernels/paged_attention.write_kv_ref: clamp(x / scale, +-448), round to e4m3
+    if (fp8) {  // as edgellm/kernels/paged_attention.write_kv_ref: clamp(x / scale, +-448), round to e4m3
       uint8_t* kc = reinterpret_cast<uint8_t*>(cache.data_ptr());
       uint8_t* vc = kc + NB * BS * Hkv * D;
       for (int64_t b = 0; b < B; ++b) {

@@ -3,7 +3,7 @@ computed by edgellm's own engine (LLM.prompt_logits), plus logit agreement.
 
 The quantized checkpoint is loaded with LLM(OUT) when the engine supports its
 format. Until it does, the checkpoint is read back from disk with the exact
-unpackers (kernels/int4_layouts.py, export.dequantize_module) into a float32
+unpackers (edgellm/kernels/int4_layouts.py, export.dequantize_module) into a float32
 HF directory and that is loaded instead: weight quantization is measured
 exactly; activation quantization (W8A8, FP8 inputs) and the FP8 KV cache are
 not simulated on that path. The report says which path ran.

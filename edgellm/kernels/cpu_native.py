@@ -28,7 +28,7 @@ of ~40 small ops per layer, which at batch 1 on SmolLM2-135M was half of a
 decode step. The Python model (models/decoder.FusedDecode) decides when it
 applies and falls back to the layer-by-layer path otherwise.
 
-The C++ lives in kernels/csrc/cpu/: vec.h (the vector helpers the kernels
+The C++ lives in edgellm/kernels/csrc/cpu/: vec.h (the vector helpers the kernels
 share: 16 fp32 lanes as one zmm on AVX-512 or two ymm on AVX2), one op per
 .cpp (attention.cpp, decode_layers.cpp, norm.cpp, rotary.cpp, activation.cpp,
 qgemm.cpp for the integer-dot matmuls, logits_head.cpp for the int8 logits

@@ -2,8 +2,8 @@
 
 The head is the largest matrix of a small model (SmolLM2's tied 49152 x 576 embedding is 113 MB
 in fp32, more than all its int4 layers), so a greedy decode step reads it as int8 (one scale per
-vocabulary row, 28 MB) times int8-quantized activations (kernels/csrc/cpu/qgemm.cpp, bits 8).
-The argmax stays the fp32 head's, as in quant/backends.CpuFastLogitsHead: every token whose
+vocabulary row, 28 MB) times int8-quantized activations (edgellm/kernels/csrc/cpu/qgemm.cpp, bits 8).
+The argmax stays the fp32 head's, as in edgellm/quant/backends.CpuFastLogitsHead: every token whose
 approximate logit is within twice the error bound of the row's maximum is recomputed in fp32.
 The bound: the dot product's error sum_k x_k e_k + d_k w_k (e: the weight's int8 rounding, known
 at load; d = x - dequantized int8 x, known per step) is a sum of K terms of mixed sign with
@@ -50,6 +50,6 @@ class IntDotLogitsHead(CpuFastLogitsHead):
 
     def _approx(self, x: torch.Tensor) -> torch.Tensor:
         """approximate() and the fp32 recheck of the window's tokens, in one C++ call
-        (kernels/csrc/cpu/logits_head.cpp; a row over MAX_CANDIDATES is recomputed whole)."""
+        (edgellm/kernels/csrc/cpu/logits_head.cpp; a row over MAX_CANDIDATES is recomputed whole)."""
         return self.native.int8_argmax_logits(x.contiguous(), self.codes, self.scale, self.weight, self.w_ms,
                                               self.err_ms, self.SIGMAS, self.MAX_CANDIDATES)

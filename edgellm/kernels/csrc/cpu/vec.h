@@ -1,4 +1,4 @@
-// Vector helpers shared by the CPU kernels (kernels/csrc/cpu/*.cpp): dot products and axpys,
+// Vector helpers shared by the CPU kernels (edgellm/kernels/csrc/cpu/*.cpp): dot products and axpys,
 // K/V rows as fp32 (fp32 in place, fp8 e4m3 decoded), exp and the softmax's shifted exp-sum, the
 // 16-way horizontal sum. V16 is 16 fp32 lanes: one zmm register on AVX-512, two ymm registers on
 // AVX2 (+ FMA, F16C: every x86-64-v3 CPU), so one kernel source serves both levels; EDGELLM_V16 is
