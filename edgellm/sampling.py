@@ -10,6 +10,9 @@ check against):
      then top-p (smallest set whose probability reaches top_p, over the
      top-k renormalized distribution), then min-p (drop tokens whose
      probability is below min_p x the largest);
+  3b. a structured-output row (a grammar matcher on the sequence) has every token its grammar
+     does not allow next at -inf, before any of 3; min_tokens does not ban EOS once the grammar
+     allows nothing else;
   4. one draw from the remaining distribution, using the request's own
      generator when it has a seed (reproducible whatever the batch).
 Logprobs are those of the model's raw distribution (log_softmax of the
@@ -24,6 +27,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
+
+from edgellm.structured.spec import StructuredOutputs
 
 _MAX_LOGPROBS = 20
 # torch.Generator takes a 64-bit seed; n > 1 adds the choice index, so stay in int64 like vLLM
@@ -49,6 +54,7 @@ class SamplingParams:
     logprobs: int | None = None  # None: off; 0: the chosen token only; N: plus the top N
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputs | None = None
 
     stop_strings: list[str] = field(init=False, repr=False)
 
@@ -85,6 +91,8 @@ class SamplingParams:
             bad(f"seed must be an integer in [{_SEED_MIN}, {_SEED_MAX}], got {self.seed!r}")
         if self.logprobs is not None and not 0 <= self.logprobs <= _MAX_LOGPROBS:
             bad(f"logprobs must be in [0, {_MAX_LOGPROBS}], got {self.logprobs}")
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputs):
+            bad("structured_outputs must be a StructuredOutputs")
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if any(not isinstance(s, str) or not s for s in stops):
             bad("stop strings must be non-empty strings")
@@ -99,13 +107,19 @@ class SamplingParams:
     def argmax_only(self) -> bool:
         """Only the highest logit matters (greedy, no penalties, no logprobs): a logits head that is
         exact on its candidates for the maximum only (edgellm/quant/backends.CpuFastLogitsHead) gives the same token."""
-        return (self.greedy and self.logprobs is None and self.presence_penalty == 0.0
+        return (self.greedy and self.logprobs is None and self.structured_outputs is None
+                and self.presence_penalty == 0.0
                 and self.frequency_penalty == 0.0 and self.repetition_penalty == 1.0)
 
     @property
     def has_penalties(self) -> bool:
         return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
                 or self.repetition_penalty != 1.0)
+
+
+class GrammarMasks(Protocol):
+    def mask(self, logits: torch.Tensor, matchers: Sequence[Matcher], rows: list[int]) -> None:
+        """Set every token matchers[j] does not allow next to -inf in logits[rows[j]], in place."""
 
 
 class SamplingRow(Protocol):
@@ -116,6 +130,12 @@ class SamplingRow(Protocol):
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
     eos_token_ids: Sequence[int]
+    grammar: Matcher | None  # structured outputs: the sequence's grammar matcher
+
+
+class Matcher(Protocol):
+    def fill(self, bitmask: torch.Tensor, row: int) -> None: ...
+
 
 
 @dataclass
@@ -161,11 +181,19 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) 
 
 
 class Sampler:
+    def __init__(self, grammar: GrammarMasks | None = None) -> None:
+        self.grammar = grammar  # how structured-output rows get their masks (None: no such rows)
+
     def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SampleResult:
         """logits float32 [B, V] -> one token per row."""
         raw = logits
-        need_copy = any(r.params.has_penalties or r.params.min_tokens for r in rows)
+        constrained = [i for i, r in enumerate(rows) if getattr(r, "grammar", None) is not None]
+        need_copy = bool(constrained) or any(r.params.has_penalties or r.params.min_tokens for r in rows)
         work = logits.clone() if need_copy else logits
+        if constrained:
+            if self.grammar is None:
+                raise RuntimeError("a structured-output row reached a sampler without grammar masks")
+            self.grammar.mask(work, [rows[i].grammar for i in constrained], constrained)  # type: ignore[misc]
         for i, row in enumerate(rows):
             p = row.params
             if p.has_penalties:
@@ -174,7 +202,10 @@ class Sampler:
                 banned = [t for t in list(row.eos_token_ids) + list(p.stop_token_ids or [])
                           if 0 <= t < work.shape[1]]
                 if banned:
+                    kept = work[i, banned].clone()
                     work[i, banned] = float("-inf")
+                    if i in constrained and not bool(torch.isfinite(work[i]).any()):
+                        work[i, banned] = kept  # the grammar allows only the end here
         tokens = torch.argmax(work, dim=-1)
         for i, row in enumerate(rows):
             p = row.params

@@ -39,6 +39,7 @@ class _Add:
     prompt_text: str | None
     params: SamplingParams
     stream: _Stream
+    grammar: Any = None  # the compiled structured-output grammar
 
 
 class _Stream:
@@ -133,6 +134,12 @@ class AsyncEngine:
             raise ValueError("stop strings need a tokenizer; this model has none")
         return text, ids
 
+    async def compile_grammar(self, params: SamplingParams) -> None:
+        """Compile (or find cached) the grammar of params.structured_outputs, off the engine thread;
+        raises StructuredOutputError (a ValueError) if it cannot be compiled."""
+        if params.structured_outputs is not None:
+            await asyncio.wrap_future(self.engine.grammar_future(params))
+
     async def generate(
         self,
         request_id: str,
@@ -144,6 +151,10 @@ class AsyncEngine:
         if self._dead is not None:
             raise EngineDeadError(f"the engine has stopped: {self._dead}")
         text, ids = prepared or self.prepare(prompt, params)
+        grammar = None
+        if params.structured_outputs is not None:
+            # compiled on the grammar thread: the engine keeps stepping the others meanwhile
+            grammar = await asyncio.wrap_future(self.engine.grammar_future(params))
         stream = _Stream(asyncio.get_running_loop())
         with self._wake:
             if self._dead is not None or self._stopped:
@@ -151,7 +162,7 @@ class AsyncEngine:
             if request_id in self._streams:
                 raise ValueError(f"request id {request_id!r} is already in use")
             self._streams[request_id] = stream
-            self._adds.append(_Add(request_id, ids, text, params, stream))
+            self._adds.append(_Add(request_id, ids, text, params, stream, grammar))
             self._wake.notify()
         try:
             while True:
@@ -207,7 +218,7 @@ class AsyncEngine:
                     self._streams.pop(add.request_id, None)
                 continue
             try:
-                self.engine.add_request(add.request_id, add.prompt_ids, add.params)
+                self.engine.add_request(add.request_id, add.prompt_ids, add.params, grammar=add.grammar)
                 self.engine.prompts[add.request_id] = add.prompt_text
             except Exception as exc:  # noqa: BLE001  (handed to the caller)
                 with self._lock:

@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Iterator
 from collections.abc import Sequence as Seq
+from typing import Any
 
 import torch
 
@@ -30,7 +31,8 @@ from edgellm.engine.scheduler import Scheduler
 from edgellm.engine.sequence import FinishReason, Sequence, Status
 from edgellm.platform import Platform
 from edgellm.loader import CheckpointError, load_model, model_config, resolve_checkpoint
-from edgellm.sampling import SamplingParams
+from edgellm.sampling import Sampler, SamplingParams
+from edgellm.structured.grammar import GrammarService
 from edgellm.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -126,7 +128,11 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, self._cache_key
         )
-        self.runner = ModelRunner(self.model, num_blocks, config.block_size, self.kv_dtype, self.device)
+        # structured outputs: grammars compiled on their own thread, masks applied in the sampler
+        self.grammars = (GrammarService(self.tokenizer.hf, mcfg.vocab_size, self.eos_token_ids)
+                         if self.tokenizer is not None else None)
+        self.runner = ModelRunner(self.model, num_blocks, config.block_size, self.kv_dtype, self.device,
+                                  Sampler(self.grammars))
         if self.kv_dtype == torch.float8_e4m3fn:
             given = sum(layer.self_attn.attn.scales_known for layer in self.model.model.layers)
             logger.info("fp8 KV cache: scales for %d/%d layers from the checkpoint; the rest are computed "
@@ -160,7 +166,10 @@ class LLMEngine:
         prompt: str | Seq[int],
         params: SamplingParams | None = None,
         want_prompt_logits: bool = False,
+        grammar: Any = None,
     ) -> None:
+        """grammar: the compiled grammar of params.structured_outputs (from grammar_future); compiled
+        here, on the caller's thread, when not given."""
         params = params or SamplingParams()
         if request_id in self.seqs:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -169,10 +178,19 @@ class LLMEngine:
         if params.stop_strings and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this model has none")
         seq = Sequence(request_id, ids, params, self.eos_token_ids, next(self._counter), want_prompt_logits)
+        if params.structured_outputs is not None:
+            grammar = grammar if grammar is not None else self.grammar_future(params).result()
+            seq.grammar = self.grammars.matcher(grammar)  # type: ignore[union-attr]
         self.seqs[request_id] = seq
         self.text[request_id] = TextState(seq, self.tokenizer)
         self.prompts[request_id] = text
         self.scheduler.add(seq)
+
+    def grammar_future(self, params: SamplingParams) -> Any:
+        """A concurrent Future of the compiled grammar of params.structured_outputs."""
+        if self.grammars is None:
+            raise ValueError("structured outputs need a tokenizer; this model has none")
+        return self.grammars.compile_future(params.structured_outputs)  # type: ignore[arg-type]
 
     def validate_prompt(self, ids: list[int], params: SamplingParams) -> None:
         if not ids:
@@ -256,6 +274,13 @@ class LLMEngine:
         state = self.text[seq.request_id]
         stop_str = state.add_token(token)
         reason = check_finish(seq, token, self.max_model_len)
+        if seq.grammar is not None:
+            if not seq.grammar.accept(token):
+                seq.error = f"token {token} is not allowed by the request's structured-output grammar"
+                self.scheduler.finish(seq, FinishReason.ERROR)
+                return self._finalize(seq, [token])
+            if seq.grammar.is_terminated and reason is None:
+                reason = FinishReason.STOP
         if stop_str is not None:
             seq.stop_reason = stop_str
             reason = FinishReason.STOP

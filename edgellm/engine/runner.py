@@ -53,6 +53,7 @@ class ModelRunner:
         block_size: int,
         kv_dtype: torch.dtype,
         device: torch.device | str = "cpu",
+        sampler: Sampler | None = None,
     ) -> None:
         self.model = model
         self.block_size = block_size
@@ -71,7 +72,7 @@ class ModelRunner:
             given = kv_dtype == torch.float8_e4m3fn and k_scale == k_scale and v_scale == v_scale
             sa.attn.bind_cache(cache, k_scale if given else None, v_scale if given else None)
             self.kv_caches.append(cache)
-        self.sampler = Sampler()
+        self.sampler = sampler or Sampler()
         self.needs_seq_lens = model.model.rotary.long_threshold is not None
 
     def build_batch(self, sched: SchedulerOutput) -> tuple[ForwardBatch, list[int]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -67,6 +68,7 @@ class Sequence:
         self.want_prompt_logits = want_prompt_logits
         self.prompt_logits: list[torch.Tensor] = []
         self.timing = Timing()
+        self.grammar: Any = None  # structured outputs: a structured.grammar.Matcher
 
     @property
     def num_tokens(self) -> int:

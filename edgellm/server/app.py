@@ -28,11 +28,12 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from edgellm.server.errors import APIError, from_validation_error, install_handlers
+from edgellm.server.errors import APIError, bad_request, from_validation_error, install_handlers
 from edgellm.server.metrics import CONTENT_TYPE, ServerMetrics
 from edgellm.server.protocol import ChatCompletionRequest, CompletionRequest
 from edgellm.server.responses import complete, stream
 from edgellm.server.serving import ClientGone, Run, ServedModel, prepare
+from edgellm.structured import StructuredOutputError
 
 logger = logging.getLogger(__name__)
 
@@ -189,6 +190,12 @@ def create_app(models: list[ServedModel], settings: ServerSettings | None = None
             prep = await asyncio.get_running_loop().run_in_executor(_prepare_pool(), prepare, served, req, arrival)
         else:
             prep = prepare(served, req, arrival)
+        try:  # a first-seen schema compiles here (its own thread), so a bad one is a 400 before any byte
+            await served.engine.compile_grammar(prep.subs[0].params)
+        except StructuredOutputError as exc:
+            raise bad_request(str(exc), param=exc.param) from None
+        except ValueError as exc:
+            raise bad_request(str(exc)) from None
         served.admit(len(prep.subs))
         run = Run(prep)
         run.start()

@@ -4,6 +4,10 @@ Strict: a string where a number belongs is a 400, as with OpenAI; an int is
 a valid float. vLLM's extensions that load generators send (ignore_eos,
 min_tokens, top_k, min_p, repetition_penalty, stop_token_ids, ...) are
 honoured. stream_options.chunking = "sentence" is edgellm's own.
+
+Structured outputs: OpenAI's response_format (json_object, json_schema) and vLLM's extras
+(structured_outputs {json, regex, choice, grammar, json_object} and the older guided_json /
+guided_regex / guided_choice / guided_grammar), at most one per request.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from edgellm.sampling import SamplingParams
+from edgellm.structured import StructuredOutputError, StructuredOutputs
 from edgellm.server.errors import bad_request
 
 MAX_N = 64
@@ -74,6 +79,12 @@ class _Sampling(_Body):
     min_tokens: int = 0
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     def _num_logprobs(self) -> int | None:
         raise NotImplementedError
@@ -90,7 +101,48 @@ class _Sampling(_Body):
         if len(stops) > MAX_STOP:
             raise bad_request(f"at most {MAX_STOP} stop sequences are allowed", param="stop")
 
+    def constraint(self) -> StructuredOutputs | None:
+        """The one structured-output constraint this request asks for, if any (400 if malformed)."""
+        found: list[StructuredOutputs] = []
+        fmt = self.response_format
+        if fmt is not None:
+            kind = fmt.get("type")
+            if kind == "json_object":
+                found.append(StructuredOutputs(json_object=True, source="response_format"))
+            elif kind == "json_schema":
+                body = fmt.get("json_schema")
+                if not isinstance(body, dict) or "schema" not in body:
+                    raise bad_request("response_format.json_schema.schema is required (the JSON schema "
+                                      "the output must follow)", param="response_format.json_schema")
+                found.append(StructuredOutputs(json=body["schema"], source="response_format.json_schema.schema"))
+            elif kind != "text":
+                raise bad_request(f"response_format.type must be 'text', 'json_object' or 'json_schema', "
+                                  f"got {kind!r}", param="response_format.type")
+        if self.structured_outputs is not None:
+            known = {"json", "regex", "choice", "grammar", "json_object"}
+            given = {k: v for k, v in self.structured_outputs.items() if v is not None}
+            unknown = sorted(set(given) - known)
+            if unknown:
+                raise bad_request(f"structured_outputs.{unknown[0]} is not supported (use one of "
+                                  f"{', '.join(sorted(known))})", param="structured_outputs")
+            found.append(StructuredOutputs(**given, source="structured_outputs"))
+        for name, field in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+                            ("guided_grammar", "grammar")):
+            value = getattr(self, name)
+            if value is not None:
+                found.append(StructuredOutputs(**{field: value}, source=name))
+        if len(found) > 1:
+            raise bad_request(f"at most one structured-output constraint per request; got "
+                              f"{', '.join(f.source for f in found)}", param=found[1].source)
+        return found[0] if found else None
+
     def sampling_params(self, max_tokens: int) -> SamplingParams:
+        try:
+            constraint = self.constraint()
+        except StructuredOutputError as exc:
+            raise bad_request(str(exc), param=exc.param) from None
+        except TypeError as exc:  # a field of the wrong type inside structured_outputs
+            raise bad_request(f"structured_outputs: {exc}", param="structured_outputs") from None
         try:
             return SamplingParams(
                 n=self.n,
@@ -110,6 +162,7 @@ class _Sampling(_Body):
                 logprobs=self._num_logprobs(),
                 skip_special_tokens=self.skip_special_tokens,
                 include_stop_str_in_output=self.include_stop_str_in_output,
+                structured_outputs=constraint,
             )
         except ValueError as exc:
             msg = str(exc)
@@ -142,7 +195,6 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: int | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -169,9 +221,6 @@ class ChatCompletionRequest(_Sampling):
         if reserved:
             # "chat_template" would let a client run its own Jinja (CPU for as long as it likes)
             raise bad_request(f"chat_template_kwargs may not set {reserved[0]!r}", param="chat_template_kwargs")
-        fmt = (self.response_format or {}).get("type", "text")
-        if fmt != "text":
-            raise bad_request(f"response_format {fmt!r} is not supported (only 'text')", param="response_format")
 
     def conversation(self) -> list[dict[str, Any]]:
         out = []
