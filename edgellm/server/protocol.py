@@ -12,12 +12,14 @@ guided_regex / guided_choice / guided_grammar), at most one per request.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from edgellm.sampling import SamplingParams
 from edgellm.structured import StructuredOutputError, StructuredOutputs
+from edgellm.tools.spec import ToolError, ToolPlan, plan
 from edgellm.server.errors import bad_request
 
 MAX_N = 64
@@ -45,6 +47,7 @@ class ChatMessage(_Body):
     content: str | list[TextPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
     def text(self) -> str | None:
         if self.content is None or isinstance(self.content, str):
@@ -195,6 +198,7 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: int | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -215,12 +219,36 @@ class ChatCompletionRequest(_Sampling):
                 raise bad_request("top_logprobs must be between 0 and 20", param="top_logprobs")
             if self.top_logprobs and not self.logprobs:
                 raise bad_request("top_logprobs needs logprobs set to true", param="top_logprobs")
-        if self.tools:
-            raise bad_request("tools are not supported by this server", param="tools", code="unsupported")
+        for i, msg in enumerate(self.messages):
+            if msg.role == "tool" and not msg.tool_call_id:
+                raise bad_request("a message with role 'tool' needs the tool_call_id it answers",
+                                  param=f"messages.{i}.tool_call_id")
+            for j, call in enumerate(msg.tool_calls or []):
+                fn = call.get("function") if isinstance(call, dict) else None
+                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(
+                        fn.get("arguments", ""), (str, dict)):
+                    raise bad_request("a tool call needs function.name and function.arguments (a JSON string)",
+                                      param=f"messages.{i}.tool_calls.{j}.function")
+        self.tool_plan()
         reserved = sorted(set(self.chat_template_kwargs or {}) & _RESERVED_TEMPLATE_KWARGS)
         if reserved:
             # "chat_template" would let a client run its own Jinja (CPU for as long as it likes)
             raise bad_request(f"chat_template_kwargs may not set {reserved[0]!r}", param="chat_template_kwargs")
+
+    def tool_plan(self) -> ToolPlan | None:
+        try:
+            return plan(self.tools, self.tool_choice, self.parallel_tool_calls)
+        except ToolError as exc:
+            raise bad_request(str(exc), param=exc.param) from None
+
+    def constraint(self) -> StructuredOutputs | None:
+        own = super().constraint()
+        tools = self.tool_plan()
+        forced = tools.constraint() if tools is not None else None
+        if forced is not None and own is not None:
+            raise bad_request(f"tool_choice {tools.mode!r} constrains the output itself; it cannot be combined "  # type: ignore[union-attr]
+                              f"with {own.source}", param=own.source)
+        return forced or own
 
     def conversation(self) -> list[dict[str, Any]]:
         out = []
@@ -231,8 +259,22 @@ class ChatCompletionRequest(_Sampling):
                 item["name"] = msg.name
             if msg.tool_call_id is not None:
                 item["tool_call_id"] = msg.tool_call_id
+            if msg.tool_calls:
+                item["tool_calls"] = [_template_call(c) for c in msg.tool_calls]
             out.append(item)
         return out
+
+
+def _template_call(call: dict[str, Any]) -> dict[str, Any]:
+    """An assistant message's tool call as chat templates read it: arguments as an object."""
+    fn = call["function"]
+    args = fn.get("arguments", "")
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError:
+            pass  # the template gets the text as it was sent
+    return {"id": call.get("id"), "type": "function", "function": {"name": fn["name"], "arguments": args}}
 
 
 class CompletionRequest(_Sampling):

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from edgellm.engine.output import RequestOutput
+from edgellm.server import tool_output
 from edgellm.server.chunking import SentenceChunker
 from edgellm.server.errors import APIError
 from edgellm.server.serving import ClientGone, Prepared, Run, ServedModel, dumps
@@ -139,8 +140,11 @@ async def complete(run: Run) -> tuple[dict[str, Any], dict[str, str]]:
             lp = (_logprobs_chat(run.served, c.logprobs, c.token_ids) if prep.kind == "chat"
                   else _logprobs_completion(run.served, c.logprobs, c.token_ids, choices[sub.index]))
         if prep.kind == "chat":
-            body_choices.append({"index": sub.index, "message": {"role": "assistant", "content": c.text},
-                                 "logprobs": lp, "finish_reason": _finish_reason(out)})
+            msg: dict[str, Any] = {"role": "assistant", "content": c.text}
+            finish = _finish_reason(out)
+            if prep.tools is not None:
+                msg, finish = tool_output.message(prep.tools, c.text, finish)
+            body_choices.append({"index": sub.index, "message": msg, "logprobs": lp, "finish_reason": finish})
         else:
             body_choices.append({"index": sub.index, "text": c.text, "logprobs": lp,
                                  "finish_reason": _finish_reason(out)})
@@ -166,8 +170,10 @@ async def stream(run: Run) -> AsyncIterator[str]:
     head = f'{{"id":"{prep.request_id}","object":"{obj}","created":{prep.created},"model":{dumps(prep.model)},'
     finals: dict[int, RequestOutput] = {}
 
+    calls = {s.index: tool_output.StreamedCalls(prep.tools) for s in prep.subs} if prep.tools else None
+
     def event(index: int, text: str | None, out: RequestOutput, finish: str | None,
-              extra: dict[str, Any] | None = None) -> str:
+              extra: dict[str, Any] | None = None, delta_body: dict[str, Any] | None = None) -> str:
         choice = choices[index]
         lp = None
         if want_lp:
@@ -182,6 +188,8 @@ async def stream(run: Run) -> AsyncIterator[str]:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
+            if delta_body:
+                delta.update(delta_body)
             body: dict[str, Any] = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
         else:
             body = {"index": index, "text": text or "", "logprobs": lp, "finish_reason": finish}
@@ -193,6 +201,23 @@ async def stream(run: Run) -> AsyncIterator[str]:
         async for index, out in run.events():
             choice = choices[index]
             _observe_itl(run, choice, out)
+            if calls is not None:  # tool calls: the parser decides what each delta is
+                deltas = calls[index].feed(out.delta_text)
+                if not out.finished:
+                    for d in deltas:
+                        yield event(index, None, out, None, delta_body=d)
+                    continue
+                finals[index] = out
+                more, reason = calls[index].finish(_finish_reason(out))
+                deltas += more
+                extra = None
+                if not run.unfinished and not include_usage:
+                    extra = {"edgellm_timing": timing(prep, [finals[s.index] for s in prep.subs])}
+                for d in deltas[:-1]:
+                    yield event(index, None, out, None, delta_body=d)
+                last_delta = deltas[-1] if deltas else ({} if choice.started else {"content": ""})
+                yield event(index, None, out, reason, extra, delta_body=last_delta)
+                continue
             if choice.chunker is not None:
                 pieces = choice.chunker.push(out.delta_text)
                 if out.finished:

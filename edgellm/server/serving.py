@@ -24,6 +24,7 @@ from edgellm.sampling import SamplingParams
 from edgellm.server.errors import APIError, bad_request
 from edgellm.server.metrics import ServerMetrics
 from edgellm.server.protocol import ChatCompletionRequest, CompletionRequest
+from edgellm.tools.spec import ToolPlan, template_takes_tools, with_generic_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +110,7 @@ class Prepared:
     arrival: float
     subs: list[Sub]
     prompt_lens: list[int]
+    tools: ToolPlan | None = None  # chat with tools (mode other than "none"): outputs are parsed
 
     @property
     def model(self) -> str:
@@ -138,9 +140,18 @@ def prepare(served: ServedModel, req: ChatCompletionRequest | CompletionRequest,
         if tok is None:
             raise bad_request("this model has no tokenizer, so no chat template; use /v1/completions "
                               "with token ids", param="messages")
+        tools = req.tool_plan()
+        if tools is not None and tools.mode == "none":
+            tools = None
+        conversation = req.conversation()
+        kwargs = dict(req.chat_template_kwargs or {})
+        if tools is not None:
+            if template_takes_tools(tok.hf.chat_template):
+                kwargs["tools"] = tools.tools
+            else:
+                conversation = with_generic_prompt(conversation, tools.tools)
         try:
-            text = tok.render_chat(req.conversation(), req.add_generation_prompt,
-                                   **(req.chat_template_kwargs or {}))
+            text = tok.render_chat(conversation, req.add_generation_prompt, **kwargs)
         except APIError:
             raise
         except Exception as exc:  # noqa: BLE001  (jinja raises its own errors for bad roles/orders)
@@ -149,6 +160,7 @@ def prepare(served: ServedModel, req: ChatCompletionRequest | CompletionRequest,
         prompts: list[tuple[str | None, list[int]]] = [(text, tok.encode(text, add_special_tokens=False))]
     else:
         kind, what, prefix = "completion", "prompt", "cmpl-"
+        tools = None
         prompts = []
         for p in req.prompts():
             if isinstance(p, str):
@@ -178,7 +190,7 @@ def prepare(served: ServedModel, req: ChatCompletionRequest | CompletionRequest,
             index = p_idx * params.n + j
             subs.append(Sub(index, p_idx, f"{request_id}-{index}", text, ids, sp))
     return Prepared(kind, served, req, request_id, int(time.time()), arrival, subs,
-                    [len(ids) for _, ids in prompts])
+                    [len(ids) for _, ids in prompts], tools)
 
 
 # ---------------------------------------------------------------------- run

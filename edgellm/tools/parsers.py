@@ -1,0 +1,336 @@
+"""Tool-call output parsers: state machines fed the output text as it is detokenized (one token's
+text or several at a time), emitting OpenAI-shaped events as soon as each piece is certain.
+
+Events: Content(text) for text outside any call, CallStart(index, name) when a call's function name
+is complete, Args(index, text) for fragments of its arguments (their concatenation is the
+arguments' JSON text, exactly as the model wrote it), CallEnd(index). Nothing is re-parsed or
+diffed: each character is consumed once. Text that could still turn out to be the start of a call
+(a partial `<tool_call>`, whitespace before it) is held back until it is known to be content.
+
+Formats (chosen by name, `PARSERS`):
+  hermes     Hermes / Qwen2.5 / the generic tool prompt: <tool_call>{"name": .., "arguments": {..}}</tool_call>
+  json_array the output of tool_choice "required": [{"name": .., "arguments": {..}}, ...]
+  arguments  the output of a named tool_choice: the arguments object itself (the name is known)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+
+@dataclass
+class Content:
+    text: str
+
+
+@dataclass
+class CallStart:
+    index: int
+    name: str
+
+
+@dataclass
+class Args:
+    index: int
+    text: str
+
+
+@dataclass
+class CallEnd:
+    index: int
+
+
+Event = Content | CallStart | Args | CallEnd
+NAME_KEYS = ("name",)
+ARG_KEYS = ("arguments", "parameters")
+
+
+class _CallObject:
+    """One call object {"name": "...", "arguments": <json>} read a character at a time."""
+
+    def __init__(self, index: int, name: str | None = None) -> None:
+        self.index = index
+        self.name = name  # known up front for a named tool_choice
+        self.depth = 0
+        self.in_string = False
+        self.escape = False
+        self.key: str | None = None  # the top-level key whose value is being read
+        self.buf = ""  # the current top-level key or name string, or held-back arguments
+        self.reading = ""  # "key" | "name" | "args" | ""
+        self.args_depth = 0
+        self.started = name is not None
+        self.done = False
+        self.pending_args = ""  # arguments seen before the name
+        self.args_started = False
+
+    def feed(self, ch: str, out: list[Event]) -> None:
+        if self.reading == "args":
+            self._args_char(ch, out)
+            return
+        if self.in_string:
+            if self.escape:
+                self.escape = False
+                self.buf += ch
+            elif ch == "\\":
+                self.escape = True
+                self.buf += ch
+            elif ch == '"':
+                self.in_string = False
+                self._string_done(out)
+            else:
+                self.buf += ch
+            return
+        if ch.isspace():
+            return
+        if self.depth == 0:
+            if ch != "{":
+                raise ValueError(f"a tool call must be a JSON object, found {ch!r}")
+            self.depth = 1
+        elif ch == '"':
+            self.in_string = True
+            self.buf = ""
+            self.reading = ("key" if self.key is None else "name") if self.depth == 1 else "skip"
+        elif ch == ":" and self.depth == 1:
+            if self.key in ARG_KEYS:
+                self.reading = "args"
+                self.args_depth = 0
+                self.args_started = False
+        elif ch == "," and self.depth == 1:
+            self.key = None
+        elif ch in "{[":
+            self.depth += 1
+        elif ch in "}]":
+            self.depth -= 1
+            if self.depth == 0:
+                self.done = True
+                if not self.started:
+                    raise ValueError("a tool call without a function name")
+                out.append(CallEnd(self.index))
+
+    def _string_done(self, out: list[Event]) -> None:
+        if self.reading == "skip":
+            self.reading = ""
+            return
+        text = json.loads('"' + self.buf + '"')
+        if self.reading == "key":
+            self.key = text
+        elif self.reading == "name" and self.key in NAME_KEYS and not self.started:
+            self.name = text
+            self.started = True
+            out.append(CallStart(self.index, text))
+            if self.pending_args:
+                out.append(Args(self.index, self.pending_args))
+                self.pending_args = ""
+        self.reading = ""
+
+    def _emit_args(self, text: str, out: list[Event]) -> None:
+        if self.started:
+            if out and isinstance(out[-1], Args) and out[-1].index == self.index:
+                out[-1].text += text
+            else:
+                out.append(Args(self.index, text))
+        else:
+            self.pending_args += text
+
+    def _args_char(self, ch: str, out: list[Event]) -> None:
+        if not self.args_started:
+            if ch.isspace():
+                return
+            self.args_started = True
+        if self.in_string:
+            self._emit_args(ch, out)
+            if self.escape:
+                self.escape = False
+            elif ch == "\\":
+                self.escape = True
+            elif ch == '"':
+                self.in_string = False
+                if self.args_depth == 0:
+                    self._args_done()
+            return
+        if self.args_depth == 0 and ch in ",}":  # a scalar value ended
+            self._args_done()
+            self.feed(ch, out)
+            return
+        if ch == '"':
+            self.in_string = True
+        elif ch in "{[":
+            self.args_depth += 1
+        elif ch in "}]":
+            self.args_depth -= 1
+        self._emit_args(ch, out)
+        if self.args_depth == 0 and ch in "}]":
+            self._args_done()
+
+    def _args_done(self) -> None:
+        self.reading = ""
+        self.key = ""  # a value was read: what follows is "," or "}"
+
+
+class ToolCallParser:
+    """Base: feed() text as it arrives, finish() at the end; `calls` holds the completed calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []  # (name, arguments JSON text) of completed calls
+        self._args: dict[int, str] = {}
+        self._names: dict[int, str] = {}
+        self.content = ""  # all content emitted
+        self.broken = False  # the text stopped following the format; the rest is content
+
+    def _track(self, events: list[Event]) -> list[Event]:
+        for e in events:
+            if isinstance(e, CallStart):
+                self._names[e.index] = e.name
+                self._args[e.index] = ""
+            elif isinstance(e, Args):
+                self._args[e.index] += e.text
+            elif isinstance(e, CallEnd):
+                self.calls.append((self._names[e.index], self._args[e.index]))
+            elif isinstance(e, Content):
+                self.content += e.text
+        return events
+
+    def feed(self, text: str) -> list[Event]:
+        raise NotImplementedError
+
+    def finish(self) -> list[Event]:
+        return []
+
+    @property
+    def open_call(self) -> bool:
+        """A call was started and not completed (the output was cut)."""
+        return len(self._names) > len(self.calls)
+
+
+class HermesParser(ToolCallParser):
+    OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.state = "text"  # text | call | close
+        self.hold = ""
+        self.call: _CallObject | None = None
+        self.count = 0
+        self.raw = ""  # the current call's raw text, given back as content if it breaks
+
+    def feed(self, text: str) -> list[Event]:
+        out: list[Event] = []
+        for ch in text:
+            self._char(ch, out)
+        merged: list[Event] = []
+        for e in out:  # one Content per run of text
+            if isinstance(e, Content) and merged and isinstance(merged[-1], Content):
+                merged[-1] = Content(merged[-1].text + e.text)
+            else:
+                merged.append(e)
+        return self._track(merged)
+
+    def _char(self, ch: str, out: list[Event]) -> None:
+        if self.state == "text" or self.broken:
+            self.hold += ch
+            if self.broken:
+                out.append(Content(self.hold))
+                self.hold = ""
+                return
+            stripped = self.hold.lstrip()
+            if stripped.startswith(self.OPEN):
+                self.hold, self.state, self.raw = "", "call", self.OPEN
+                self.call = _CallObject(self.count)
+            elif not stripped or self.OPEN.startswith(stripped):
+                return  # whitespace or a partial tag: wait
+            else:
+                cut = self.hold.rfind("<")
+                if cut > 0 and self.OPEN.startswith(self.hold[cut:]):
+                    out.append(Content(self.hold[:cut]))
+                    self.hold = self.hold[cut:]
+                else:
+                    out.append(Content(self.hold))
+                    self.hold = ""
+            return
+        if self.state == "call":
+            self.raw += ch
+            try:
+                self.call.feed(ch, out)  # type: ignore[union-attr]
+            except ValueError:
+                self._break(out)
+                return
+            if self.call.done:  # type: ignore[union-attr]
+                self.count += 1
+                self.state, self.hold = "close", ""
+            return
+        self.hold += ch  # state close: whitespace then </tool_call>
+        stripped = self.hold.lstrip()
+        if stripped == self.CLOSE:
+            self.state, self.hold = "text", ""
+        elif stripped and not self.CLOSE.startswith(stripped):
+            self.state = "text"  # no closing tag: carry on as text
+            rest, self.hold = self.hold, ""
+            for c in rest:
+                self._char(c, out)
+
+    def _break(self, out: list[Event]) -> None:
+        self.broken = True
+        if self.call is not None and not self.call.started:
+            out.append(Content(self.raw))
+
+    def finish(self) -> list[Event]:
+        out: list[Event] = []
+        if self.state == "text" and self.hold.strip():
+            out.append(Content(self.hold))
+        self.hold = ""
+        return self._track(out)
+
+
+class JsonArrayParser(ToolCallParser):
+    """tool_choice "required": the grammar makes the text [{"name": .., "arguments": ..}, ...]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.call: _CallObject | None = None
+        self.count = 0
+        self.opened = False
+
+    def feed(self, text: str) -> list[Event]:
+        out: list[Event] = []
+        for ch in text:
+            if self.call is not None:
+                self.call.feed(ch, out)
+                if self.call.done:
+                    self.call = None
+                    self.count += 1
+            elif ch == "[" and not self.opened:
+                self.opened = True
+            elif ch == "{":
+                self.call = _CallObject(self.count)
+                self.call.feed(ch, out)
+        return self._track(out)
+
+
+class ArgumentsParser(ToolCallParser):
+    """A named tool_choice: the whole output is the arguments of that one function."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+        self.started = False
+        self.text = ""
+
+    def feed(self, text: str) -> list[Event]:
+        out: list[Event] = []
+        if not self.started:
+            out.append(CallStart(0, self.name))
+            self.started = True
+        if text:
+            out.append(Args(0, text))
+            self.text += text
+        return self._track(out)
+
+    def finish(self, complete: bool = True) -> list[Event]:
+        out: list[Event] = [] if self.started else [CallStart(0, self.name)]
+        self.started = True
+        out.append(CallEnd(0))
+        return self._track(out)
+
+
+PARSERS = {"hermes": HermesParser}
