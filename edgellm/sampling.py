@@ -112,6 +112,13 @@ class SamplingParams:
                 and self.frequency_penalty == 0.0 and self.repetition_penalty == 1.0)
 
     @property
+    def argmax_under_grammar(self) -> bool:
+        """A structured-output row whose masked argmax is all that matters (as argmax_only, and no
+        min_tokens, whose EOS ban could move the argmax off the head's exact window)."""
+        return (self.structured_outputs is not None and self.greedy and self.logprobs is None
+                and self.min_tokens == 0 and not self.has_penalties)
+
+    @property
     def has_penalties(self) -> bool:
         return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
                 or self.repetition_penalty != 1.0)
@@ -120,6 +127,9 @@ class SamplingParams:
 class GrammarMasks(Protocol):
     def mask(self, logits: torch.Tensor, matchers: Sequence[Matcher], rows: list[int]) -> None:
         """Set every token matchers[j] does not allow next to -inf in logits[rows[j]], in place."""
+
+    def allowed(self, matcher: Matcher) -> torch.Tensor:
+        """bool [V]: the tokens the matcher allows next."""
 
 
 class SamplingRow(Protocol):

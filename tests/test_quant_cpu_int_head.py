@@ -74,3 +74,31 @@ def test_too_many_candidates_recompute_the_row(native, monkeypatch):
     monkeypatch.setattr(head, "MAX_CANDIDATES", 0)
     got, want = head(x), F.linear(x, w)
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-6) and torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_masked_argmax_is_the_fp32_heads(native):
+    """Greedy rows under a grammar: with the mask applied inside the head, the argmax over the
+    allowed tokens is the fp32 head's, the disallowed tokens are -inf, the winner carries its fp32
+    value; masks that drop the unmasked maximum, leave a handful of tokens, or a near-tie."""
+    g = torch.Generator().manual_seed(5)
+    w = _weight(g)
+    head = IntDotLogitsHead(w, native)
+    x = torch.randn(6, K, generator=g) * 2
+    want = F.linear(x, w)
+    allowed = torch.rand(6, V, generator=g) < 0.5
+    allowed[0] = True
+    allowed[1, want[1].argmax()] = False  # the free maximum is not allowed
+    allowed[2] = False
+    allowed[2, torch.randperm(V, generator=g)[:3]] = True  # three tokens
+    order = want[3].argsort(descending=True)
+    w[order[1]] = w[order[0]] + 1e-7 * torch.randn(K, generator=g)  # a near-tie among allowed tokens
+    head = IntDotLogitsHead(w, native)
+    want = F.linear(x, w)
+    allowed[3] = False
+    allowed[3, order[:2]] = True
+    got = head.masked(x, allowed)
+    ref = want.masked_fill(~allowed, float("-inf"))
+    assert torch.equal(got.argmax(-1), ref.argmax(-1))
+    assert torch.isinf(got[~allowed]).all() and torch.isfinite(got[allowed]).all()
+    top = ref.argmax(-1, keepdim=True)
+    assert torch.allclose(got.gather(1, top), ref.gather(1, top), rtol=1e-5, atol=1e-6)

@@ -71,3 +71,22 @@ def test_bad_constraint_is_a_value_error_before_anything_runs(llm):
     with pytest.raises(ValueError, match="cannot compile"):
         llm.generate(["x"], SamplingParams(structured_outputs=StructuredOutputs(regex="(")))
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_auto_heads_masked_argmax_gives_the_fp32_heads_tokens(monkeypatch):
+    """CPU mode auto: a greedy grammar row's logits come from the int8 head with the mask applied
+    inside it (CausalLM.compute_logits(allowed=...)); its tokens are those of the fp32 head + mask."""
+    auto = LLM(None, max_model_len=256, cpu_quant="auto")
+    assert auto.engine.model.supports_masked_argmax
+    params = [SamplingParams(max_tokens=60, temperature=0, structured_outputs=StructuredOutputs(json=s))
+              for s in [PERSON] + schemas(3, seed=11)]
+    prompts = ["Describe a person as JSON.", "Fill in:", "A record:", "JSON please:"]
+    calls = []
+    head = auto.engine.model.fast_logits
+    orig = head.masked
+    monkeypatch.setattr(head, "masked", lambda x, allowed: (calls.append(x.shape[0]), orig(x, allowed))[1])
+    fast = [o.outputs[0].token_ids for o in auto.generate(prompts, params)]
+    assert calls  # the masked head ran
+    monkeypatch.setattr(type(auto.engine.model), "supports_masked_argmax", property(lambda self: False))
+    full = [o.outputs[0].token_ids for o in auto.generate(prompts, params)]
+    assert fast == full

@@ -149,11 +149,16 @@ class ModelRunner:
         if batch.logits_indices.numel() == 0:
             return result
         argmax_only: list[bool] = []
+        allowed: dict[int, torch.Tensor] = {}  # greedy grammar rows: the head masks them itself
+        masks_in_head = self.sampler.grammar is not None and self.model.supports_masked_argmax
         for item, count in zip(sched.scheduled, rows_per_seq):
             if count:
-                ok = not item.seq.want_prompt_logits and item.seq.params.argmax_only
+                seq = item.seq
+                ok = not seq.want_prompt_logits and seq.params.argmax_only
+                if masks_in_head and seq.grammar is not None and item.samples and seq.params.argmax_under_grammar:
+                    allowed[len(argmax_only)] = self.sampler.grammar.allowed(seq.grammar)  # type: ignore[union-attr]
                 argmax_only.extend([ok] * count)
-        logits = self.model.compute_logits(hidden[batch.logits_indices], argmax_only)
+        logits = self.model.compute_logits(hidden[batch.logits_indices], argmax_only, allowed or None)
         sample_rows: list[int] = []
         sample_seqs = []
         row = 0

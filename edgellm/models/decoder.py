@@ -200,14 +200,33 @@ class CausalLM(nn.Module):
 
     fast_logits = None
 
-    def compute_logits(self, hidden: torch.Tensor, argmax_only: list[bool] | None = None) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, argmax_only: list[bool] | None = None,
+                       allowed: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
         """[N, hidden] -> float32 [N, vocab]. argmax_only: per row, whether only its argmax matters
-        (lets the CPU fast head approximate the tail); None: every logit of every row matters."""
+        (lets the CPU fast head approximate the tail); None: every logit of every row matters.
+        allowed: row -> bool [vocab], greedy rows under a grammar whose masked argmax is all that
+        matters (only where the head can do it: `supports_masked_argmax`); their disallowed logits
+        come back -inf."""
+        if allowed:
+            flags = argmax_only or [False] * hidden.shape[0]
+            others = [i for i in range(hidden.shape[0]) if i not in allowed]
+            rows = sorted(allowed)
+            out = torch.empty(hidden.shape[0], self.config.vocab_size, dtype=torch.float32, device=hidden.device)
+            if others:
+                idx = torch.tensor(others)
+                out[idx] = self.compute_logits(hidden[idx], [flags[i] for i in others])
+            idx = torch.tensor(rows)
+            out[idx] = self.fast_logits.masked(hidden[idx], torch.stack([allowed[r] for r in rows]))  # type: ignore[union-attr]
+            return out
         if self.fast_logits is not None:
             return self.fast_logits(hidden, argmax_only if argmax_only is not None else [False] * hidden.shape[0])
         if self.lm_head is None:
             return F.linear(hidden, self.model.embed_tokens.weight).float()
         return self.lm_head(hidden).float()
+
+    @property
+    def supports_masked_argmax(self) -> bool:
+        return self.fast_logits is not None and getattr(self.fast_logits, "masked", None) is not None
 
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.model.layers]

@@ -313,6 +313,7 @@ class CpuFastLogitsHead:
     logits stay approximate and below them. When a row has more than MAX_CANDIDATES candidates
     (a flat distribution) it is recomputed whole in fp32."""
 
+    masked = None  # (x, allowed) -> logits exact on the masked argmax; see IntDotLogitsHead.masked
     INT8_MAX_ROWS = 2 if PACKED_BF16 else 4  # beyond: the bf16 copy (oneDNN-blocked: flat 1.2 ms to 16 rows)
     MAX_CANDIDATES = 2048
     SIGMAS = 8.0

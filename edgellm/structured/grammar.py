@@ -125,6 +125,13 @@ class GrammarService:
         _xgr().apply_token_bitmask_inplace(logits, bitmask[: logits.shape[0]], vocab_size=self.vocab_size,
                                            indices=rows)
 
+    def allowed(self, matcher: Matcher) -> torch.Tensor:
+        """bool [vocab]: the tokens `matcher` allows next (for a logits head that masks itself)."""
+        bits = _xgr().allocate_token_bitmask(1, self.vocab_size)
+        matcher.fill(bits, 0)
+        shifts = torch.arange(32, dtype=torch.int32)
+        return ((bits[0, :, None] >> shifts) & 1).flatten()[: self.vocab_size].bool()
+
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 

@@ -53,3 +53,21 @@ class IntDotLogitsHead(CpuFastLogitsHead):
         (edgellm/kernels/csrc/cpu/logits_head.cpp; a row over MAX_CANDIDATES is recomputed whole)."""
         return self.native.int8_argmax_logits(x.contiguous(), self.codes, self.scale, self.weight, self.w_ms,
                                               self.err_ms, self.SIGMAS, self.MAX_CANDIDATES)
+
+    def masked(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        """Logits [M, V] for greedy rows under a grammar: -inf where allowed [M, V] (bool) is False,
+        and exact fp32 for every allowed token within twice the window of the allowed maximum, so
+        the masked argmax is the fp32 head's. The other allowed logits stay approximate and below."""
+        logits, _, half = self.approximate(x)
+        logits = logits.masked_fill(~allowed, float("-inf"))
+        top = logits.amax(-1, keepdim=True)
+        cand = logits >= top - 2 * half
+        for i in range(x.shape[0]):
+            idx = cand[i].nonzero().flatten()
+            if idx.numel() > self.MAX_CANDIDATES:
+                row = torch.mv(self.weight, x[i])
+                logits[i] = row.masked_fill(~allowed[i], float("-inf"))
+            else:
+                logits[i, idx] = torch.mv(self.weight.index_select(0, idx), x[i])
+        return logits
+
