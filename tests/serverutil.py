@@ -3,6 +3,7 @@ the real app on uvicorn in a thread, /metrics scraping, and a server's resident 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -11,6 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -65,6 +67,17 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
+
+
+@contextlib.contextmanager
+def serving(args: list[str], log_path: Path, env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
+    """A ServerProcess, ready, stopped on exit (for module-scoped fixtures)."""
+    srv = ServerProcess(args, log_path, env)
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
 
 
 class ThreadServer:

@@ -12,7 +12,7 @@ import jsonschema
 import pydantic
 import pytest
 
-from tests.serverutil import ServerProcess
+from tests.serverutil import serving
 
 MODEL = "smollm2-135m-instruct"
 WEATHER_PARAMS = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
@@ -22,13 +22,9 @@ WEATHER_PARAMS = {"type": "object", "properties": {"city": {"type": "string", "m
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    d = tmp_path_factory.mktemp("serve_frameworks")
-    srv = ServerProcess(["--max-model-len", "1024", "--kv-cache-memory", "128M"], d / "server.log")
-    try:
-        srv.wait_ready()
+    log = tmp_path_factory.mktemp("serve_frameworks") / "server.log"
+    with serving(["--max-model-len", "1024", "--kv-cache-memory", "128M"], log) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def test_pipecat_function_calling_turn(server):

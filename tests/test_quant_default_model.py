@@ -109,9 +109,9 @@ def hidden_states(exact):
     seen = []
     original = model.compute_logits
 
-    def record(hidden, argmax_only=None):
+    def record(hidden, *rest, **kw):
         seen.append(hidden.clone())
-        return original(hidden, argmax_only)
+        return original(hidden, *rest, **kw)
 
     model.compute_logits = record
     try:

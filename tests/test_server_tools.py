@@ -11,7 +11,7 @@ import openai
 import pydantic
 import pytest
 
-from tests.serverutil import ServerProcess
+from tests.serverutil import serving
 from tests.structured_schemas import schemas
 
 WEATHER = {"type": "function", "function": {
@@ -32,13 +32,9 @@ ASK = [{"role": "user", "content": "What is the weather in Seoul? And book a tab
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    d = tmp_path_factory.mktemp("serve_tools")
-    srv = ServerProcess(["--max-model-len", "1024", "--kv-cache-memory", "128M"], d / "server.log")
-    try:
-        srv.wait_ready()
+    log = tmp_path_factory.mktemp("serve_tools") / "server.log"
+    with serving(["--max-model-len", "1024", "--kv-cache-memory", "128M"], log) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")

@@ -190,12 +190,13 @@ def create_app(models: list[ServedModel], settings: ServerSettings | None = None
             prep = await asyncio.get_running_loop().run_in_executor(_prepare_pool(), prepare, served, req, arrival)
         else:
             prep = prepare(served, req, arrival)
-        try:  # a first-seen schema compiles here (its own thread), so a bad one is a 400 before any byte
-            await served.engine.compile_grammar(prep.subs[0].params)
-        except StructuredOutputError as exc:
-            raise bad_request(str(exc), param=exc.param) from None
-        except ValueError as exc:
-            raise bad_request(str(exc)) from None
+        if prep.subs[0].params.structured_outputs is not None:
+            try:  # a first-seen schema compiles here (its own thread), so a bad one is a 400 before any byte
+                await served.engine.compile_grammar(prep.subs[0].params)
+            except StructuredOutputError as exc:
+                raise bad_request(str(exc), param=exc.param) from None
+            except ValueError as exc:
+                raise bad_request(str(exc)) from None
         served.admit(len(prep.subs))
         run = Run(prep)
         run.start()
