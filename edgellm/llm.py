@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import uuid
 from collections.abc import Sequence as Seq
 from typing import Any
 
@@ -12,8 +13,9 @@ from tqdm import tqdm
 
 from edgellm.config import EngineConfig
 from edgellm.engine.engine import LLMEngine
-from edgellm.engine.output import RequestOutput
+from edgellm.engine.output import CompletionOutput, RequestOutput
 from edgellm.sampling import SamplingParams
+from edgellm.tools.spec import ToolPlan, plan, template_takes_tools, with_generic_prompt
 
 Prompt = str | Seq[int]
 
@@ -35,6 +37,18 @@ def expand_n(params: SamplingParams) -> list[SamplingParams]:
         dataclasses.replace(params, n=1, seed=None if params.seed is None else params.seed + i)
         for i in range(params.n)
     ]
+
+
+def _parse_calls(tool_plan: ToolPlan, completion: CompletionOutput) -> None:
+    parser = tool_plan.parser()
+    assert parser is not None
+    parser.feed(completion.text)
+    if completion.finish_reason == "stop":
+        parser.finish()
+    completion.tool_calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                              "function": {"name": n, "arguments": a}} for n, a in parser.calls] or None
+    if completion.tool_calls and completion.finish_reason == "stop":
+        completion.finish_reason = "tool_calls"
 
 
 class LLM:
@@ -142,13 +156,40 @@ class LLM:
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
         use_tqdm: bool = False,
         add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: Any = None,
+        parallel_tool_calls: bool | None = None,
     ) -> list[RequestOutput]:
+        """Chat completions. With tools (OpenAI's shapes; see edgellm/tools/spec.py) each choice's
+        tool_calls holds the parsed calls and its finish_reason is "tool_calls" when it made any;
+        "required" and a named tool_choice are grammar-constrained."""
         tok = self.engine.tokenizer
         if tok is None:
             raise ValueError("this model has no tokenizer, so no chat template")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [tok.encode_chat(list(c), add_generation_prompt) for c in conversations]  # type: ignore[arg-type]
-        return self.generate(prompts, sampling_params, use_tqdm)
+        tool_plan = plan(tools, tool_choice, parallel_tool_calls)
+        if tool_plan is not None and tool_plan.mode == "none":
+            tool_plan = None
+        kwargs: dict[str, Any] = {}
+        if tool_plan is not None:
+            if template_takes_tools(tok.hf.chat_template):
+                kwargs["tools"] = tool_plan.tools
+            else:
+                conversations = [with_generic_prompt(list(c), tool_plan.tools) for c in conversations]  # type: ignore[arg-type]
+        prompts = [tok.encode_chat(list(c), add_generation_prompt, **kwargs) for c in conversations]  # type: ignore[arg-type]
+        constraint = tool_plan.constraint() if tool_plan is not None else None
+        if constraint is not None:
+            base = sampling_params if isinstance(sampling_params, Seq) else [sampling_params or SamplingParams()] * len(prompts)
+            if any(p.structured_outputs is not None for p in base):
+                raise ValueError(f"tool_choice {tool_plan.mode!r} constrains the output itself; it cannot be "  # type: ignore[union-attr]
+                                 "combined with structured_outputs")
+            sampling_params = [dataclasses.replace(p, structured_outputs=constraint) for p in base]
+        results = self.generate(prompts, sampling_params, use_tqdm)
+        if tool_plan is not None:
+            for result in results:
+                for completion in result.outputs:
+                    _parse_calls(tool_plan, completion)
+        return results
 
     def prompt_logits(self, token_id_lists: Seq[Seq[int]]) -> list[torch.Tensor]:
         """float32 logits [len(prompt), vocab] for every position of every prompt."""

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -20,6 +21,8 @@ class CompletionOutput:
     stop_reason: int | str | None = None
     # per token: (chosen logprob, [(token id, logprob) x top-N])
     logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
+    # LLM.chat(tools=...): the parsed calls, OpenAI-shaped {"id", "type", "function": {"name", "arguments"}}
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 @dataclass
