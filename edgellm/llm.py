@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import uuid
 from collections.abc import Sequence as Seq
 from typing import Any
 
@@ -15,7 +14,7 @@ from edgellm.config import EngineConfig
 from edgellm.engine.engine import LLMEngine
 from edgellm.engine.output import CompletionOutput, RequestOutput
 from edgellm.sampling import SamplingParams
-from edgellm.tools.spec import ToolPlan, plan, template_takes_tools, with_generic_prompt
+from edgellm.tools.spec import ToolPlan, parse_output, plan, template_takes_tools, with_generic_prompt
 
 Prompt = str | Seq[int]
 
@@ -40,15 +39,8 @@ def expand_n(params: SamplingParams) -> list[SamplingParams]:
 
 
 def _parse_calls(tool_plan: ToolPlan, completion: CompletionOutput) -> None:
-    parser = tool_plan.parser()
-    assert parser is not None
-    parser.feed(completion.text)
-    if completion.finish_reason == "stop":
-        parser.finish()
-    completion.tool_calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                              "function": {"name": n, "arguments": a}} for n, a in parser.calls] or None
-    if completion.tool_calls and completion.finish_reason == "stop":
-        completion.finish_reason = "tool_calls"
+    _, calls, completion.finish_reason = parse_output(tool_plan, completion.text, completion.finish_reason or "stop")
+    completion.tool_calls = calls or None
 
 
 class LLM:

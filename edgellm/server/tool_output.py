@@ -8,33 +8,22 @@ finish_reason says they are incomplete)."""
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from edgellm.tools.parsers import Args, CallStart, Content, Event, ToolCallParser
-from edgellm.tools.spec import ToolPlan
-
-
-def _call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
+from edgellm.tools.spec import ToolPlan, call_id, parse_output
 
 
 def message(plan: ToolPlan, text: str, finish: str) -> tuple[dict[str, Any], str]:
     """The assistant message and finish_reason of a finished choice."""
-    parser = plan.parser()
-    assert parser is not None
-    parser.feed(text)
-    if finish == "stop":
-        parser.finish()
-    calls = [{"id": _call_id(), "type": "function", "function": {"name": n, "arguments": a}}
-             for n, a in parser.calls]
+    parser, calls, reason = parse_output(plan, text, finish)
     content = parser.content.strip() or None
     if not calls:
         return {"role": "assistant", "content": text}, finish
     if parser.broken or (plan.mode == "named" and finish != "stop"):
         content = text
     msg: dict[str, Any] = {"role": "assistant", "content": content, "tool_calls": calls}
-    return msg, "tool_calls" if finish == "stop" else finish
+    return msg, reason
 
 
 class StreamedCalls:
@@ -53,7 +42,7 @@ class StreamedCalls:
             if isinstance(e, Content) and e.text:
                 out.append({"content": e.text})
             elif isinstance(e, CallStart):
-                self.ids[e.index] = _call_id()
+                self.ids[e.index] = call_id()
                 out.append({"tool_calls": [{"index": e.index, "id": self.ids[e.index], "type": "function",
                                             "function": {"name": e.name, "arguments": ""}}]})
             elif isinstance(e, Args) and e.text:

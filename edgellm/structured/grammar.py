@@ -25,6 +25,7 @@ import torch
 from edgellm.structured.spec import StructuredOutputError, StructuredOutputs
 
 MAX_CACHED = 256
+_SHIFTS = torch.arange(32, dtype=torch.int32)
 
 
 def _xgr() -> Any:
@@ -59,6 +60,7 @@ class GrammarService:
         self._lock = threading.Lock()
         self._cache: collections.OrderedDict[str, concurrent.futures.Future[Any]] = collections.OrderedDict()
         self._bitmask: torch.Tensor | None = None
+        self._one: torch.Tensor | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="edgellm-grammar")
 
     def _get_compiler(self) -> Any:
@@ -127,10 +129,10 @@ class GrammarService:
 
     def allowed(self, matcher: Matcher) -> torch.Tensor:
         """bool [vocab]: the tokens `matcher` allows next (for a logits head that masks itself)."""
-        bits = _xgr().allocate_token_bitmask(1, self.vocab_size)
-        matcher.fill(bits, 0)
-        shifts = torch.arange(32, dtype=torch.int32)
-        return ((bits[0, :, None] >> shifts) & 1).flatten()[: self.vocab_size].bool()
+        if self._one is None:  # reused: this runs per constrained row per step
+            self._one = _xgr().allocate_token_bitmask(1, self.vocab_size)
+        matcher.fill(self._one, 0)
+        return ((self._one[0, :, None] >> _SHIFTS) & 1).flatten()[: self.vocab_size].bool()
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

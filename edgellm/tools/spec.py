@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +76,22 @@ class ToolPlan:
         if self.mode == "auto":
             return HermesParser()
         return None
+
+
+def call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def parse_output(tool_plan: ToolPlan, text: str, finish: str) -> tuple[ToolCallParser, list[dict[str, Any]], str]:
+    """A finished choice's text -> (its parser, the completed calls OpenAI-shaped, finish_reason:
+    "tool_calls" when it made calls and stopped on its own, else `finish`)."""
+    parser = tool_plan.parser()
+    assert parser is not None
+    parser.feed(text)
+    if finish == "stop":
+        parser.finish()
+    calls = [{"id": call_id(), "type": "function", "function": {"name": n, "arguments": a}} for n, a in parser.calls]
+    return parser, calls, "tool_calls" if calls and finish == "stop" else finish
 
 
 def plan(tools: list[Any] | None, tool_choice: Any, parallel_tool_calls: bool | None) -> ToolPlan | None:
