@@ -39,16 +39,19 @@ def native(request):
     return module
 
 
-def _case(m: int, k: int, n: int, group: int, bits: int, half: bool, seed: int):
+# int8 codes also come in groups of 16 (GGUF Q6_K / Q3_K / Q2_K sub-blocks)
+SHAPES16 = [(1, 96, 37, 16), (3, 64, 21, 16), (17, 160, 11, 16), (2, 32, 5, 16)]
+
+
+def _case(m: int, k: int, n: int, group: int, bits: int, half: bool, seed: int, offsets: bool = True):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(m, k, generator=g) * torch.rand(m, 1, generator=g) * 4
     x[:, ::7] *= 20  # outliers inside blocks: the blocks' steps differ widely
     if bits == 4:
         q = torch.randint(0, 16, (n, k), generator=g)
-        offset = torch.randn(n, k // group, generator=g)
     else:
         q = torch.randint(-128, 128, (n, k), generator=g)
-        offset = None
+    offset = torch.randn(n, k // group, generator=g) if offsets or bits == 4 else None
     scale = torch.rand(n, k // group, generator=g) * 0.1 + 0.01
     if half:
         scale = scale.half()
@@ -75,12 +78,26 @@ def test_activation_codes_equal_the_reference(native, shape):
     torch.testing.assert_close(dsum, rdsum, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("shape", SHAPES16)
+def test_activation_sums_per_half_block(native, shape):
+    m, k, _, group = shape
+    x, *_ = _case(m, k, 1, group, 8, False, seed=k + m)
+    a, d, dsum = native.quantize_rows(x, group)
+    ra, rd, rdsum = quantize_rows_ref(x, group)
+    assert dsum.shape == (m, k // 16) and torch.equal(a, ra) and torch.equal(d, rd)
+    torch.testing.assert_close(dsum, rdsum, rtol=1e-5, atol=1e-5)
+
+
+# int4: always an offset (zero points, Q4_1/Q4_K minima); int8 with and without (Q5_1/Q5_K/Q2_K
+# minima); groups of 16 for int8 only (int4 rejects them: test_zero_rows_and_bad_shapes)
+CASES = ([(s, 4, True) for s in SHAPES] + [(s, 8, o) for s in SHAPES + SHAPES16 for o in (False, True)])
+
+
 @pytest.mark.parametrize("half", [False, True])
-@pytest.mark.parametrize("shape", SHAPES)
-def test_int_linear_matches_the_reference(native, shape, bits, half):
+@pytest.mark.parametrize("shape,bits,offsets", CASES)
+def test_int_linear_matches_the_reference(native, shape, bits, offsets, half):
     m, k, n, group = shape
-    x, q, scale, offset, bias = _case(m, k, n, group, bits, half, seed=n * 31 + bits)
+    x, q, scale, offset, bias = _case(m, k, n, group, bits, half, seed=n * 31 + bits, offsets=offsets)
     y = _run(native, x, q, scale, offset, bits, group, bias)
     assert y.shape == (m, n) and y.dtype == torch.float32
     want = int_linear_ref(x, q, scale, offset, group, bias)
@@ -118,5 +135,9 @@ def test_zero_rows_and_bad_shapes(native):
                           torch.empty(0))
     with pytest.raises(RuntimeError, match="qweight"):
         native.int_linear(torch.randn(1, 64), q.to(torch.uint8), scale, torch.empty(0), 4, 32, torch.empty(0))
-    with pytest.raises(RuntimeError, match="int8 weights take no offset"):
-        native.int_linear(torch.randn(1, 64), q.to(torch.int8), scale, scale, 8, 32, torch.empty(0))
+    with pytest.raises(RuntimeError, match="int4 weights take groups of 32"):
+        native.int_linear(torch.randn(1, 64), pack_int4_blocks_ref(q), torch.rand(8, 4), torch.empty(0), 4, 16,
+                          torch.empty(0))
+    with pytest.raises(RuntimeError, match="group must be 16 or a multiple of 32"):
+        native.int_linear(torch.randn(1, 48), q[:, :48].to(torch.int8), torch.rand(8, 3), torch.empty(0), 8, 16,
+                          torch.empty(0))

@@ -1,10 +1,10 @@
 """GGUF linears stay in their blocks and run through GGUFScheme: a tiny llama.cpp-style
 GGUF (q/k rows permuted like llama.cpp's converter; Q4_0, Q4_1, Q5_0 and Q8_0 mixed,
-also within one fused module) against the gguf package's reference dequantizer."""
+also within one fused module) against the gguf package's reference dequantizer. The K-quant
+files (Q4_K_M's mix): tests/test_quant_gguf_kquants.py."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,16 +12,10 @@ import torch.nn.functional as F
 from edgellm.kernels import cpu_native
 from edgellm.layers.linear import Linear
 from edgellm.loader import load_model, resolve_checkpoint
+from tests.gguf_files import write_llama_gguf
 
 TYPES = {"attn_q": "Q4_0", "attn_k": "Q4_0", "attn_v": "Q4_1", "attn_output": "Q4_1",
          "ffn_gate": "Q5_0", "ffn_up": "Q8_0", "ffn_down": "Q4_0"}
-HF = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-      "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-      "ffn_down": "mlp.down_proj"}
-
-
-def _permute(w: np.ndarray, n_head: int) -> np.ndarray:  # llama.cpp convert_hf_to_gguf
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 @pytest.fixture(scope="module")
@@ -41,54 +35,8 @@ def q8_gguf(tiny_dir, tmp_path_factory):
 
 
 def _write_tiny_gguf(tiny_dir, path, types: dict[str, str]):
-    import gguf
-    from gguf import GGMLQuantizationType as T
-
     _, hf = tiny_dir("llama")
-    cfg = hf.config
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_block_count(cfg.num_hidden_layers)
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_vocab_size(cfg.vocab_size)
-    state = {k: v.float().numpy() for k, v in hf.state_dict().items()}
-    reference = {}
-
-    def put(name: str, w: np.ndarray, type_name: str) -> np.ndarray:
-        qtype = T[type_name]
-        if type_name == "F32":
-            writer.add_tensor(name, w.astype(np.float32))
-            return w
-        blocks = gguf.quants.quantize(w.astype(np.float32), qtype)
-        writer.add_tensor(name, blocks, raw_dtype=qtype)
-        return gguf.quants.dequantize(blocks, qtype).reshape(w.shape)
-
-    put("token_embd.weight", state["model.embed_tokens.weight"], "Q8_0")
-    put("output_norm.weight", state["model.norm.weight"], "F32")
-    put("output.weight", state["lm_head.weight"], "F32")
-    for i in range(cfg.num_hidden_layers):
-        put(f"blk.{i}.attn_norm.weight", state[f"model.layers.{i}.input_layernorm.weight"], "F32")
-        put(f"blk.{i}.ffn_norm.weight", state[f"model.layers.{i}.post_attention_layernorm.weight"], "F32")
-        for short, type_name in types.items():
-            hf_name = f"model.layers.{i}.{HF[short]}"
-            w = state[f"{hf_name}.weight"]
-            heads = {"attn_q": cfg.num_attention_heads, "attn_k": cfg.num_key_value_heads}.get(short)
-            if heads:
-                w = _permute(w, heads)
-            deq = put(f"blk.{i}.{short}.weight", w, type_name)
-            if heads:  # undo the permutation: the HF row order
-                deq = deq.reshape(heads, deq.shape[0] // heads // 2, 2, -1).swapaxes(1, 2).reshape(deq.shape)
-            reference[hf_name] = torch.from_numpy(np.ascontiguousarray(deq))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path, reference
+    return write_llama_gguf(hf, path, types)
 
 
 def _check_linears(model, reference, fast: bool) -> dict[str, str]:
@@ -131,14 +79,14 @@ def test_gguf_int4_blocks_stay_packed_on_the_fast_path(tiny_gguf):
 
 
 def test_gguf_auto_mode_runs_q4_and_q8_0_as_integer_dots(tiny_gguf, q8_gguf):
-    """CPU mode auto: modules whose shards are all Q4_0/Q4_1 or all Q8_0 keep their codes and run
-    integer dots over int8-rounded activations (each output equals the gguf package's
-    dequantized weight times the activations rounded by the reference rule); mixed ones are
-    dequantized; the fused C++ decode takes both int4 and int8 linears."""
+    """CPU mode auto: modules whose shards are all int4 types (Q4_0/Q4_1) run int4 integer dots,
+    any other mix (Q5_0 + Q8_0 here) int8 ones, over int8-rounded activations (each output equals
+    the gguf package's dequantized weight times the activations rounded by the reference rule);
+    the fused C++ decode takes both int4 and int8 linears."""
     from edgellm.kernels.reference import dequantize_rows_ref, quantize_rows_ref
     from edgellm.models.fused_decode import LINEAR_INT8_DOT, LINEAR_INT_DOT, LINEAR_META, FusedDecode
 
-    for (path, reference), want_bits in ((tiny_gguf, {"qkv_proj": 4, "o_proj": 4, "down_proj": 4}),
+    for (path, reference), want_bits in ((tiny_gguf, {"qkv_proj": 4, "o_proj": 4, "gate_up_proj": 8, "down_proj": 4}),
                                           (q8_gguf, {"qkv_proj": 8, "o_proj": 8, "gate_up_proj": 4, "down_proj": 8})):
         model = load_model(resolve_checkpoint(path), torch.float32, cpu_kernels="auto")
         torch.manual_seed(0)

@@ -13,13 +13,16 @@ ACT_BLOCK = 32  # columns per activation scale
 def quantize_rows_ref(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [M, K] fp32 -> (codes [M, K] int8, d [M, K / 32] fp32, dsum [M, K / group] fp32) by the
     Q8_0 rule: d = absmax / 127 per 32-column block, codes = round-half-even(x * (1 / d))
-    (0 where d == 0); dsum = per group, the sum over its blocks of d * sum(codes)."""
+    (0 where d == 0); dsum = per group, the sum over its blocks of d * sum(codes) (group 16: d times
+    the half block's sum)."""
     m, k = x.shape
     blocks = x.float().reshape(m, k // ACT_BLOCK, ACT_BLOCK)
     d = blocks.abs().amax(-1) / 127.0
     inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
     codes = torch.round(blocks * inv[..., None])
-    dsum = (d * codes.sum(-1)).reshape(m, k // group, group // ACT_BLOCK).sum(-1)
+    sub = min(group, ACT_BLOCK)  # group 16: per half block
+    sums = d[..., None] * codes.reshape(m, k // ACT_BLOCK, ACT_BLOCK // sub, sub).sum(-1)
+    dsum = sums.reshape(m, k // sub).reshape(m, k // group, group // sub).sum(-1)
     return codes.to(torch.int8).reshape(m, k), d, dsum
 
 

@@ -9,10 +9,13 @@ llama.cpp stores Llama's q/k projections with rows permuted for its rope
 layout; that is undone (on whole rows, so also on raw blocks) so the weights
 match the HF ones.
 
-GGUFScheme: Q4_0 (W = d * (q - 8)) and Q4_1 (W = d * q + m), 32 weights per
-block, are int4 with group scales and run on the int4 kernels (Q4_0 on the
-CUDA W4A16 kernel too); every other type (Q8_0, K-quants, ...) is dequantized
-once at load with the reference dequantizer.
+GGUFScheme: the blocks decode to integer codes with group scales
+(quant/gguf_blocks.py): Q4_0, Q4_1 and Q4_K are int4 and run on the int4
+kernels (Q4_0 on the CUDA W4A16 kernel too); Q5_0/Q5_1/Q5_K/Q6_K/Q3_K/Q2_K/
+Q8_0/IQ4_NL/IQ4_XS, and modules whose shards mix types, are int8 codes for the
+CPU integer-dot kernel. Where a kernel cannot take them (another CPU mode,
+CUDA for all but Q4_0, types without an integer decoding), the weight is
+dequantized once at load with gguf-py's reference dequantizer.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from edgellm.quant import gguf_blocks
 from edgellm.quant.schemes import (
     Int4Codes,
     Int8Codes,
@@ -59,7 +63,6 @@ _NAMES = [
 
 _LINEAR = re.compile(r"^blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight$")
 _FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
-_INT4_TYPES = ("Q4_0", "Q4_1")
 
 
 class GGUFError(ValueError):
@@ -189,30 +192,6 @@ class GGUFCheckpoint:
 # -- the scheme: raw GGUF blocks -> kernels ---------------------------------------------
 
 
-def decode_q4(raw: torch.Tensor, type_name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Q4_0/Q4_1 rows [N, blocks * bytes] -> (codes [N, K] 0..15, d [N, blocks] fp32,
-    m [N, blocks] fp32 or None). Block: fp16 d (, fp16 m), 16 bytes whose low nibbles are
-    weights 0..15 and high nibbles weights 16..31."""
-    head = 2 if type_name == "Q4_0" else 4
-    n = raw.shape[0]
-    blocks = raw.reshape(n, -1, head + 16)
-    d = blocks[..., 0:2].contiguous().view(torch.float16).squeeze(-1).float()
-    m = blocks[..., 2:4].contiguous().view(torch.float16).squeeze(-1).float() if head == 4 else None
-    qs = blocks[..., head:]
-    codes = torch.cat((qs & 15, qs >> 4), -1).reshape(n, -1)
-    return codes, d, m
-
-
-def decode_q8_0(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q8_0 rows [N, blocks * 34] -> (codes [N, K] int8, d [N, blocks] fp16). Block: fp16 d, then
-    32 int8 weights; W = d * q."""
-    n = raw.shape[0]
-    blocks = raw.reshape(n, -1, 34)
-    d = blocks[..., 0:2].contiguous().view(torch.float16).squeeze(-1)
-    codes = blocks[..., 2:].contiguous().view(torch.int8).reshape(n, -1)
-    return codes, d
-
-
 class GGUFScheme(QuantScheme):
     name = "gguf"
 
@@ -280,25 +259,30 @@ class GGUFLinearMethod(QuantLinearMethod):
         return out
 
     def int4(self, layer: nn.Module) -> Int4Codes | None:
+        """All shards int4 types (Q4_0, Q4_1, Q4_K): one Int4Codes, groups of 32; Q4_0 alone stays
+        symmetric (the CUDA kernel's form), mixed with the others it takes offsets m = -8 d."""
         parts = self._parts(layer)
         kinds = {t for _, t, _ in parts}
-        if not kinds <= set(_INT4_TYPES):
+        if not kinds <= set(gguf_blocks.INT4_TYPES):
             return None
-        decoded = [decode_q4(raw, t) for _, t, raw in parts]
-        codes = torch.cat([c for c, _, _ in decoded], 0)
-        scales = torch.cat([d for _, d, _ in decoded], 0)
+        decoded = [gguf_blocks.int4_codes(raw, t) for _, t, raw in parts]
+        codes = torch.cat([c.codes for c in decoded], 0)
+        scales = torch.cat([c.scales.float() for c in decoded], 0)
         if kinds == {"Q4_0"}:
             return Int4Codes(codes, None, scales, 32)
-        # W = q * d + m; Q4_0 as m = -8 d (exact in fp32)
-        offsets = torch.cat([m if m is not None else -8.0 * d for _, d, m in decoded], 0)
+        offsets = torch.cat([c.offsets if c.offsets is not None else -8.0 * c.scales.float() for c in decoded], 0)
         return Int4Codes(codes, None, scales, 32, offsets=offsets)
 
     def int8(self, layer: nn.Module) -> Int8Codes | None:
+        """Shards of any integer-decodable type (gguf_blocks.SUPPORTED) as one Int8Codes, in the
+        finest group among them (16 when any is Q6_K/Q3_K/Q2_K); None when some type has no
+        integer decoding (it is dequantized)."""
         parts = self._parts(layer)
-        if {t for _, t, _ in parts} != {"Q8_0"}:
+        types = [t for _, t, _ in parts]
+        if not set(types) <= set(gguf_blocks.SUPPORTED):
             return None
-        decoded = [decode_q8_0(raw) for _, _, raw in parts]
-        return Int8Codes(torch.cat([c for c, _ in decoded], 0), torch.cat([d for _, d in decoded], 0), 32)
+        group = min(gguf_blocks.group_of(t) for t in types)
+        return gguf_blocks.concat_int8([gguf_blocks.int8_codes(raw, t, group) for _, t, raw in parts])
 
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
         from gguf import GGMLQuantizationType

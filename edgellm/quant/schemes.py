@@ -201,16 +201,21 @@ class QuantLinearMethod(LinearMethod):
 
 @dataclass
 class Int8Codes:
-    """int8 weights with group scales: W[n, k] = scales[n, k // group_size] * codes[n, k]
-    (GGUF Q8_0: groups of 32 with an fp16 scale)."""
+    """int8 weights with group scales: W[n, k] = scales[n, g] * codes[n, k] (+ offsets[n, g]),
+    g = k // group_size (GGUF Q8_0: groups of 32 with an fp16 scale; the 5- and 6-bit and
+    K-quant types: see quant/gguf_blocks.py, groups of 16 or 32, fp32 scales, some offsets)."""
 
     codes: torch.Tensor  # [N, K] int8
     scales: torch.Tensor  # [N, K / group_size] float
     group_size: int
+    offsets: torch.Tensor | None = None  # [N, K / group_size] float
 
     def dequantize(self) -> torch.Tensor:
+        """W [N, K] float32 with one rounding per element (two with offsets)."""
         n, k = self.codes.shape
         w = self.codes.float().reshape(n, k // self.group_size, self.group_size) * self.scales.float()[..., None]
+        if self.offsets is not None:
+            w = w + self.offsets.float()[..., None]
         return w.reshape(n, k)
 
 

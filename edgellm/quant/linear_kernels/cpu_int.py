@@ -1,8 +1,9 @@
 """CPU mode auto: int4 and int8 weights times int8-quantized activations by integer dot products
 (edgellm/kernels/csrc/cpu/qgemm.cpp), for every x86 CPU with AVX2.
 
-int8 weights (GGUF Q8_0: Int8Codes, W = scale * q per group) keep their codes as they are, the
-scales in fp16 when lossless; everything below holds for them too.
+int8 weights (Int8Codes: GGUF Q8_0, and the 5/6-bit and K-quant types unpacked to int8 codes,
+W = scale * q (+ offset) per group of 32, or of 16 for Q6_K/Q3_K/Q2_K) keep their codes as they
+are, the scales (and offsets) in fp16 when lossless; everything below holds for them too.
 
 The weight is repacked once at load: codes as 16 bytes per 32-column block (the layout the
 kernel unpacks with one shift and one mask), a scale and an offset per group
@@ -101,7 +102,10 @@ class CpuIntDotKernel(LinearKernel):
         self.bits = 8 if isinstance(codes, Int8Codes) else 4
         if self.bits == 8:
             self.qweight = q.to(torch.int8).contiguous()
-            self.scale, self.offset = _compact(codes.scales), _EMPTY
+            if codes.offsets is None:
+                self.scale, self.offset = _compact(codes.scales), _EMPTY
+            else:
+                self.scale, self.offset = _compact_pair(codes.scales.float(), codes.offsets.float())
         else:
             self.qweight = pack_int4_blocks_ref(q)
             self.scale, self.offset = _compact_pair(*int4_affine(codes))
@@ -112,7 +116,7 @@ class CpuIntDotKernel(LinearKernel):
             from edgellm.kernels.reference import int_weight_ref, unpack_int4_blocks_ref
 
             q = self.qweight if self.bits == 8 else unpack_int4_blocks_ref(self.qweight)
-            w = int_weight_ref(q, self.scale, self.offset if self.bits == 4 else None, self.group)
+            w = int_weight_ref(q, self.scale, self.offset if self.offset.numel() else None, self.group)
             self.dense = pack_bf16(w) if self.dense_bf16 else w.contiguous()
 
     @classmethod
@@ -127,9 +131,13 @@ class CpuIntDotKernel(LinearKernel):
             return False, "the C++ CPU kernels did not build"
         if spec.get("dtype") != torch.float32:
             return False, "the model is not fp32"
+        from edgellm.quant.schemes import Int8Codes
+
         n, k = codes.codes.shape
-        if codes.group_size % BLOCK or k % codes.group_size:
-            return False, f"group {codes.group_size} is not a multiple of {BLOCK} dividing K = {k}"
+        int8 = isinstance(codes, Int8Codes)
+        if k % BLOCK or k % codes.group_size or (codes.group_size % BLOCK and not (int8 and codes.group_size == 16)):
+            return False, (f"group {codes.group_size} is not a multiple of {BLOCK} (or, for int8 codes, 16) "
+                           f"dividing K = {k}")
         if not act_order_perm(codes)[0]:
             return False, "act-order groups that are not a permutation of contiguous ones"
         return True, None

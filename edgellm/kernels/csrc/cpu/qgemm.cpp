@@ -22,6 +22,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 #if defined(__AVX2__)
@@ -57,6 +58,13 @@ inline float hmax8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+inline int32_t hsum8i(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+  return _mm_cvtsi128_si32(s);
+}
+
 // [v[0] x 4, v[1] x 4]: two consecutive per-block (or per-group) factors as one vector whose low
 // 128 bits scale block b and high 128 bits block b + 1.
 inline __m256 pair_of(const float* v) {
@@ -71,12 +79,13 @@ inline __m256 pair_of(const c10::Half* v) {
 }
 #endif
 
-// One row of K columns -> int8 codes, per-block d, per-group sum of d_b * sum(a_b).
+// One row of K columns -> int8 codes, per-block d, per-group sum of d_b * sum(a_b) (group 16:
+// each half block's d_b * sum(a) on its own).
 void quantize_row(const float* x, int64_t K, int64_t group, int8_t* a, float* d, float* dsum) {
   const int64_t blocks_per_group = group / QB;
-  for (int64_t g = 0; g < K / group; ++g) {
+  for (int64_t g = 0; g < K / std::max<int64_t>(group, QB); ++g) {
     float ds = 0.f;
-    for (int64_t b = g * blocks_per_group; b < (g + 1) * blocks_per_group; ++b) {
+    for (int64_t b = g * std::max<int64_t>(blocks_per_group, 1); b < (g + 1) * std::max<int64_t>(blocks_per_group, 1); ++b) {
       const float* xb = x + b * QB;
       int8_t* ab = a + b * QB;
 #if defined(__AVX2__)
@@ -94,29 +103,30 @@ void quantize_row(const float* x, int64_t K, int64_t group, int8_t* a, float* d,
       for (int i = 0; i < 4; ++i)
         r[i] = _mm256_cvtps_epi32(
             _mm256_round_ps(_mm256_mul_ps(v[i], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-      const __m256i s32 = _mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3]));
       const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(ab),
                           _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-      __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
-      s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-      s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-      const int32_t sum = _mm_cvtsi128_si32(s);
+      const int32_t lo = hsum8i(_mm256_add_epi32(r[0], r[1])), hi = hsum8i(_mm256_add_epi32(r[2], r[3]));
 #else
       float amax = 0.f;
       for (int64_t j = 0; j < QB; ++j) amax = std::max(amax, std::fabs(xb[j]));
       const float db = amax / 127.f;
       const float id = db > 0.f ? 1.f / db : 0.f;
-      int32_t sum = 0;
+      int32_t lo = 0, hi = 0;
       for (int64_t j = 0; j < QB; ++j) {
         ab[j] = static_cast<int8_t>(std::nearbyint(xb[j] * id));
-        sum += ab[j];
+        (j < QB / 2 ? lo : hi) += ab[j];
       }
 #endif
       d[b] = db;
-      ds += db * static_cast<float>(sum);
+      if (group < QB) {
+        dsum[2 * b] = db * static_cast<float>(lo);
+        dsum[2 * b + 1] = db * static_cast<float>(hi);
+      } else {
+        ds += db * static_cast<float>(lo + hi);
+      }
     }
-    dsum[g] = ds;
+    if (group >= QB) dsum[g] = ds;
   }
 }
 
@@ -217,8 +227,10 @@ void tile(const Weights<S>& w, int64_t n0, const Acts& x, int64_t m0, float* y, 
       }
     }
   }
-  for (int64_t b = b0, left = 0, g = b0 / bpg; b < nb; ++b, --left) {
-    if (left == 0) {  // a new weight group (or the first block after the pairs): its scales
+  for (int64_t b = b0, left = 0, g = bpg > 0 ? b0 / bpg : 0; b < nb; ++b, --left) {
+    if (bpg == 0) {  // group 16: lanes 0-3 (columns 0..15) and 4-7 (16..31) have their own scales
+      for (int r = 0; r < NR; ++r) sv[r] = pair_of(ws[r] + 2 * b);
+    } else if (left == 0) {  // a new weight group (or the first block after the pairs): its scales
       for (int r = 0; r < NR; ++r) sv[r] = _mm256_set1_ps(load_scale(ws[r] + g));
       left = bpg - b % bpg;
       ++g;
@@ -253,10 +265,12 @@ void tile(const Weights<S>& w, int64_t n0, const Acts& x, int64_t m0, float* y, 
   for (int64_t b = 0; b < nb; ++b) {
     for (int r = 0; r < NR; ++r) {
       const uint8_t* p = wq[r] + b * BLOCK_BYTES;
-      const float s = load_scale(ws[r] + b / bpg);
+      // group 16: each half block has its own scale
+      const float s_lo = load_scale(ws[r] + (bpg > 0 ? b / bpg : 2 * b));
+      const float s_hi = bpg > 0 ? s_lo : load_scale(ws[r] + 2 * b + 1);
       for (int m = 0; m < MR; ++m) {
         const int8_t* av = xa[m] + b * QB;
-        int32_t dot = 0;
+        int32_t dot_lo = 0, dot_hi = 0;
         for (int64_t j = 0; j < QB; ++j) {
           int32_t qj;
           if constexpr (BITS == 4) {
@@ -264,9 +278,9 @@ void tile(const Weights<S>& w, int64_t n0, const Acts& x, int64_t m0, float* y, 
           } else {
             qj = static_cast<int8_t>(p[j]);
           }
-          dot += qj * av[j];
+          (j < QB / 2 ? dot_lo : dot_hi) += qj * av[j];
         }
-        acc[r][m] += static_cast<float>(dot) * (s * xd[m][b]);
+        acc[r][m] += static_cast<float>(dot_lo) * (s_lo * xd[m][b]) + static_cast<float>(dot_hi) * (s_hi * xd[m][b]);
       }
     }
   }
@@ -328,8 +342,9 @@ Acts quantize(const at::Tensor& x, int64_t group, at::Tensor& a, at::Tensor& d, 
 
 void check_acts(const at::Tensor& x, int64_t group) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x: [M, K] fp32, contiguous");
-  TORCH_CHECK(group > 0 && group % QB == 0 && x.size(1) % group == 0,
-              "group must be a multiple of 32 dividing K, got ", group, " for K = ", x.size(1));
+  TORCH_CHECK((group == QB / 2 || (group > 0 && group % QB == 0)) && x.size(1) % std::max<int64_t>(group, QB) == 0,
+              "group must be 16 or a multiple of 32, dividing K (a multiple of 32), got ", group,
+              " for K = ", x.size(1));
 }
 
 }  // namespace
@@ -356,7 +371,7 @@ at::Tensor int_linear(const at::Tensor& x, const at::Tensor& qweight, const at::
   TORCH_CHECK(!has_offset || (offset.sizes() == scale.sizes() && offset.scalar_type() == scale.scalar_type() &&
                               offset.is_contiguous()),
               "offset: like scale, or empty");
-  TORCH_CHECK(bits == 4 || !has_offset, "int8 weights take no offset");
+  TORCH_CHECK(bits == 8 || group >= QB, "int4 weights take groups of 32 or more");
   TORCH_CHECK(bias.numel() == 0 || (bias.numel() == N && bias.scalar_type() == at::kFloat && bias.is_contiguous()),
               "bias: [N] fp32, or empty");
   auto y = at::empty({M, N}, x.options());

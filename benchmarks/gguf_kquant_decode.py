@@ -1,0 +1,82 @@
+"""GGUF types on the CPU integer-dot kernel: ms per decoder layer of Qwen3-0.6B's shapes (qkv,
+o, gate_up, down) for each type as edgellm keeps it (quant/gguf_blocks.py), side by side in one
+run, with 28 layers' weights cycled so they come from memory as in a real step; the ratio to
+Q4_0 is what matters (the issue's target: K-quants within 10% of Q4_0). "Q4_K_M mix" is the
+layer llama-quantize's Q4_K_M makes every few layers: q/k/o/gate/up Q4_K, v and down Q6_K (the
+fused qkv then runs as int8 codes). Writes benchmarks/results/gguf_kquant_decode.json.
+
+    python benchmarks/gguf_kquant_decode.py [--rows 1,4,16] [--layers 28]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from edgellm.bench.report import cpu_name  # noqa: E402
+from edgellm.platform import Platform  # noqa: E402
+from edgellm.quant import gguf_blocks  # noqa: E402
+from edgellm.quant.linear_kernels.cpu_int import CpuIntDotKernel  # noqa: E402
+from tests.gguf_files import random_rows  # noqa: E402
+
+SHAPES = {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072)}
+# per module: one type, or per-shard types with their row counts (q 2048, k 1024, v 1024)
+LAYERS = {
+    "Q4_0": dict.fromkeys(SHAPES, "Q4_0"),
+    "Q4_K": dict.fromkeys(SHAPES, "Q4_K"),
+    "Q5_K": dict.fromkeys(SHAPES, "Q5_K"),
+    "Q6_K": dict.fromkeys(SHAPES, "Q6_K"),
+    "Q8_0": dict.fromkeys(SHAPES, "Q8_0"),
+    "Q4_K_M mix": {"qkv": [("Q4_K", 3072), ("Q6_K", 1024)], "o": "Q4_K", "gate_up": "Q4_K", "down": "Q6_K"},
+}
+
+
+def kernel(types, n: int, k: int, native, platform) -> CpuIntDotKernel:
+    shards = [(types, n)] if isinstance(types, str) else types
+    raws = [(t, random_rows(t, rows, k, seed=rows)) for t, rows in shards]
+    if all(t in gguf_blocks.INT4_TYPES for t, _ in raws) and len({t for t, _ in raws}) == 1:
+        codes = gguf_blocks.int4_codes(raws[0][1], raws[0][0])
+    else:
+        group = min(gguf_blocks.group_of(t) for t, _ in raws)
+        codes = gguf_blocks.concat_int8([gguf_blocks.int8_codes(r, t, group) for t, r in raws])
+    return CpuIntDotKernel(codes, native, platform)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="1,4,16")
+    ap.add_argument("--layers", type=int, default=28)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "gguf_kquant_decode.json"))
+    args = ap.parse_args()
+    platform = Platform(cpu_quant="auto", dense_budget=0)  # integer dots only: this measures the kernel
+    native = platform.native()
+    if native is None:
+        raise SystemExit("the C++ CPU kernels are not available on this machine")
+    built = {name: [{m: kernel(t, *SHAPES[m], native, platform) for m, t in spec.items()}
+                    for _ in range(args.layers)] for name, spec in LAYERS.items()}
+    result: dict = {"cpu": cpu_name(), "isa": platform.isa.describe(), "threads": torch.get_num_threads(),
+                    "shapes": "Qwen3-0.6B", "ms_per_layer": {}, "vs_Q4_0": {}}
+    for rows in [int(r) for r in args.rows.split(",")]:
+        xs = {m: torch.randn(rows, k) for m, (_, k) in SHAPES.items()}
+        times = {name: float("inf") for name in built}
+        for _ in range(5):  # interleaved rounds: the types see the same machine noise
+            for name, layers in built.items():
+                t0 = time.perf_counter()
+                for layer in layers:
+                    for m, kern in layer.items():
+                        kern.int_dot(xs[m], None)
+                times[name] = min(times[name], (time.perf_counter() - t0) / args.layers * 1e3)
+        result["ms_per_layer"][rows] = {n: round(t, 4) for n, t in times.items()}
+        result["vs_Q4_0"][rows] = {n: round(t / times["Q4_0"], 3) for n, t in times.items()}
+        print(f"rows {rows:3d}: " + "  ".join(f"{n} {t:.3f} ms ({t / times['Q4_0']:.2f}x)" for n, t in times.items()))
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
