@@ -5,9 +5,8 @@ uint8 rows, [N, K / block * block_bytes]) and load through GGUFScheme, which
 the config announces as quantization_config {"quant_method": "gguf",
 "linear_types": {hf name: type}}. Everything else (embeddings, norms, the
 head) is dequantized here with the gguf package's reference dequantizers.
-llama.cpp stores Llama's q/k projections with rows permuted for its rope
-layout; that is undone (on whole rows, so also on raw blocks) so the weights
-match the HF ones.
+Names, config keys and llama.cpp's converter conventions per architecture
+(Llama's permuted q/k rows, Gemma's 1 + w norms) live in quant/gguf_arch.py.
 
 GGUFScheme: the blocks decode to integer codes with group scales
 (quant/gguf_blocks.py): Q4_0, Q4_1 and Q4_K are int4 and run on the int4
@@ -20,7 +19,6 @@ dequantized once at load with gguf-py's reference dequantizer.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ import torch
 from torch import nn
 
 from edgellm.quant import gguf_blocks
+from edgellm.quant.gguf_arch import ARCHES, LINEAR
 from edgellm.quant.schemes import (
     Int4Codes,
     Int8Codes,
@@ -42,26 +41,6 @@ from edgellm.quant.schemes import (
     stashed,
 )
 
-# GGUF architecture -> (HF model_type, q/k rows permuted by llama.cpp's converter)
-_ARCHES = {"llama": ("llama", True), "qwen2": ("qwen2", False)}
-
-_NAMES = [
-    (r"^token_embd\.weight$", "model.embed_tokens.weight"),
-    (r"^output_norm\.weight$", "model.norm.weight"),
-    (r"^output\.weight$", "lm_head.weight"),
-    (r"^blk\.(\d+)\.attn_norm\.weight$", r"model.layers.\1.input_layernorm.weight"),
-    (r"^blk\.(\d+)\.ffn_norm\.weight$", r"model.layers.\1.post_attention_layernorm.weight"),
-    (r"^blk\.(\d+)\.attn_q\.(weight|bias)$", r"model.layers.\1.self_attn.q_proj.\2"),
-    (r"^blk\.(\d+)\.attn_k\.(weight|bias)$", r"model.layers.\1.self_attn.k_proj.\2"),
-    (r"^blk\.(\d+)\.attn_v\.(weight|bias)$", r"model.layers.\1.self_attn.v_proj.\2"),
-    (r"^blk\.(\d+)\.attn_output\.weight$", r"model.layers.\1.self_attn.o_proj.weight"),
-    (r"^blk\.(\d+)\.ffn_gate\.weight$", r"model.layers.\1.mlp.gate_proj.weight"),
-    (r"^blk\.(\d+)\.ffn_up\.weight$", r"model.layers.\1.mlp.up_proj.weight"),
-    (r"^blk\.(\d+)\.ffn_down\.weight$", r"model.layers.\1.mlp.down_proj.weight"),
-]
-
-
-_LINEAR = re.compile(r"^blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight$")
 _FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
 
 
@@ -85,13 +64,6 @@ def _field(reader: Any, key: str, default: Any = None) -> Any:
     return field.contents()
 
 
-def hf_name(gguf_name: str) -> str | None:
-    for pattern, repl in _NAMES:
-        if re.match(pattern, gguf_name):
-            return re.sub(pattern, repl, gguf_name)
-    return None
-
-
 def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     """Undo llama.cpp's convert-time permutation of q/k rows (weights [out, in] or bias [out])."""
     dim = w.shape[0] // n_head // 2
@@ -105,14 +77,16 @@ class GGUFCheckpoint:
         self.path = Path(path)
         self.reader = _open(self.path)
         arch = _field(self.reader, "general.architecture")
-        if arch not in _ARCHES:
-            raise GGUFError(f"{self.path}: GGUF architecture {arch!r} is not supported ({sorted(_ARCHES)})")
+        if arch not in ARCHES:
+            raise GGUFError(f"{self.path}: GGUF architecture {arch!r} is not supported (supported: "
+                            f"{', '.join(sorted(ARCHES))})")
         self.gguf_arch = arch
-        self.model_type, self.permuted_qk = _ARCHES[arch]
+        self.arch = ARCHES[arch]
+        self.model_type, self.permuted_qk = self.arch.model_type, self.arch.permuted_qk
         # HF names of linear weights kept as raw GGUF blocks -> their GGML type name
         self.linear_types = {
-            hf_name(t.name): t.tensor_type.name for t in self.reader.tensors
-            if _LINEAR.match(t.name) and t.tensor_type.name not in _FLOAT_TYPES
+            self.arch.hf_name(t.name): t.tensor_type.name for t in self.reader.tensors
+            if LINEAR.match(t.name) and t.tensor_type.name not in _FLOAT_TYPES
         }
         self.config = self._config()
         if self.linear_types:
@@ -150,7 +124,7 @@ class GGUFCheckpoint:
             cfg["rope_scaling"] = {"rope_type": "linear", "factor": float(get("rope.scaling.factor"))}
         elif scaling not in (None, "none"):
             raise GGUFError(f"{self.path}: rope scaling {scaling!r} in GGUF is not supported")
-        return cfg
+        return self.arch.finish(cfg, get) if self.arch.finish is not None else cfg
 
     def tensors(self, keep_quantized: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, tensor) for every tensor in the file: raw uint8 blocks [N, row bytes] for
@@ -161,9 +135,9 @@ class GGUFCheckpoint:
         heads = self.config["num_attention_heads"]
         kv_heads = self.config["num_key_value_heads"]
         for t in self.reader.tensors:
-            name = hf_name(t.name)
+            name = self.arch.hf_name(t.name)
             if name is None:
-                raise GGUFError(f"{self.path}: unexpected tensor {t.name!r}")
+                raise GGUFError(f"{self.path}: unexpected tensor {t.name!r} for architecture {self.gguf_arch}")
             shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims innermost first
             if keep_quantized and name in self.linear_types:
                 block, block_bytes = GGML_QUANT_SIZES[t.tensor_type]
@@ -181,6 +155,8 @@ class GGUFCheckpoint:
                 if int(np.prod(arr.shape)) != int(np.prod(shape)):
                     raise GGUFError(f"{self.path}: tensor {t.name!r} is truncated")
                 w = torch.from_numpy(np.array(arr, dtype=np.float32)).reshape(shape)  # a copy: the file is mapped read-only
+                if self.arch.norm_shift and name.endswith("norm.weight"):
+                    w -= self.arch.norm_shift
             if self.permuted_qk and (".q_proj." in name or ".k_proj." in name):
                 w = _unpermute(w, heads if ".q_proj." in name else kv_heads)
             yield name, w
