@@ -133,9 +133,10 @@ def test_edgellm_serves_our_weight_only_output_as_written(outputs, fixture, tmp_
     from edgellm import LLM
     from edgellm.quant.quality import dequantize_checkpoint
 
-    served = LLM(str(outputs[fixture]), kv_cache_memory=16 << 20)
+    # exact: fp32 prompt attention and matmuls on every CPU (auto attends in bf16 where it can)
+    served = LLM(str(outputs[fixture]), kv_cache_memory=16 << 20, cpu_quant="exact")
     dequantize_checkpoint(outputs[fixture], tmp_path / "deq")
-    ref = LLM(str(tmp_path / "deq"), kv_cache_memory=16 << 20)
+    ref = LLM(str(tmp_path / "deq"), kv_cache_memory=16 << 20, cpu_quant="exact")
     ids = [[(7 * i + 3) % 1000 for i in range(40)]]
     torch.testing.assert_close(served.prompt_logits(ids)[0], ref.prompt_logits(ids)[0], rtol=1e-4, atol=1e-4)
 

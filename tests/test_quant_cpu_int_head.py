@@ -102,3 +102,13 @@ def test_masked_argmax_is_the_fp32_heads(native):
     assert torch.isinf(got[~allowed]).all() and torch.isfinite(got[allowed]).all()
     top = ref.argmax(-1, keepdim=True)
     assert torch.allclose(got.gather(1, top), ref.gather(1, top), rtol=1e-5, atol=1e-6)
+
+
+def test_matmul_warm_up_takes_a_model_with_the_int8_head(native):
+    """warm_matmul_shapes (run at every server start) on a model whose logits head is the int8
+    one: that head keeps no bf16 oneDNN copy, so nothing of it is warmed and nothing fails."""
+    from edgellm.quant.backends import warm_matmul_shapes
+
+    model = torch.nn.Module()
+    model.fast_logits = IntDotLogitsHead(_weight(torch.Generator().manual_seed(5)), native)
+    assert warm_matmul_shapes(model, 64, 8) == 0

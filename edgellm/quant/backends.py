@@ -246,7 +246,8 @@ def warm_matmul_shapes(model: nn.Module, max_rows: int, decode_rows: int) -> int
         if isinstance(kernel, CpuInt4Kernel) and kernel.dense_weight is not None and kernel.dense_weight.is_mkldnn:
             weights.setdefault((kernel.n, kernel.k), kernel.dense_weight)
     head = getattr(model, "fast_logits", None)
-    heads = [head.bf16] if head is not None and head.bf16.is_mkldnn else []
+    bf16 = getattr(head, "bf16", None)  # the int8 head (IntDotLogitsHead) keeps no bf16 copy
+    heads = [bf16] if bf16 is not None and bf16.is_mkldnn else []
     layer_rows = sorted({row_bucket(r) for r in range(GEMV_MAX_ROWS + 1, max_rows + 1)}
                         | set(range(GEMV_MAX_ROWS + 1, decode_rows + 1)))
     head_rows = sorted({row_bucket(r) for r in range(CpuFastLogitsHead.INT8_MAX_ROWS + 1, decode_rows + 1)})
