@@ -41,6 +41,10 @@ def parse_dtype(value: str | torch.dtype | None, device: torch.device | str = "c
         ) from None
 
 
+ACTIVATIONS = ("silu", "swish", "gelu_pytorch_tanh", "gelu_tanh", "gelu")
+NORM_LAYOUTS = ("pre", "sandwich", "post")
+
+
 @dataclass
 class ModelConfig:
     """One Llama-family decoder, whatever its checkpoint calls things."""
@@ -62,9 +66,19 @@ class ModelConfig:
     qkv_bias: bool = False
     o_bias: bool = False
     mlp_bias: bool = False
-    hidden_act: str = "silu"
+    hidden_act: str = "silu"  # the gate's activation: silu, gelu_pytorch_tanh (GeGLU), gelu
     # per layer: None (full attention) or the window size in tokens
     sliding_windows: list[int | None] = field(default_factory=list)
+    # where the RMSNorms sit: "pre" (Llama: before attention and MLP), "sandwich" (Gemma 3: before
+    # and after each), "post" (EXAONE 4: after each, on the branch output)
+    norm_layout: str = "pre"
+    norm_weight_offset: float = 0.0  # Gemma: the norms scale by (offset + weight)
+    qk_norm: bool = False  # Qwen3, Gemma 3, EXAONE 4: an RMSNorm over each q and k head before rotary
+    embed_scale: float | None = None  # Gemma: embeddings multiplied by sqrt(hidden)
+    attn_scale: float | None = None  # None: head_dim ** -0.5 (Gemma: query_pre_attn_scalar ** -0.5)
+    local_rope_theta: float | None = None  # Gemma 3: the sliding layers' own (unscaled) rotary base
+    nope_full_layers: bool = False  # EXAONE 4 hybrid: full-attention layers take no rotary
+    final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     checkpoint_dtype: torch.dtype = torch.float32
@@ -79,8 +93,11 @@ class ModelConfig:
                 f"model config: num_attention_heads ({self.num_heads}) is not a multiple of "
                 f"num_key_value_heads ({self.num_kv_heads})"
             )
-        if self.hidden_act not in ("silu", "swish"):
-            raise ValueError(f"model config: activation {self.hidden_act!r} is not supported (silu only)")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"model config: activation {self.hidden_act!r} is not supported; "
+                             f"supported: {ACTIVATIONS}")
+        if self.norm_layout not in NORM_LAYOUTS:
+            raise ValueError(f"model config: norm layout {self.norm_layout!r}; known: {NORM_LAYOUTS}")
         if not self.sliding_windows:
             self.sliding_windows = [None] * self.num_layers
         if len(self.sliding_windows) != self.num_layers:

@@ -18,7 +18,9 @@ from torch import nn
 
 from edgellm.config import ModelConfig
 from edgellm.layers.linear import Linear
-from edgellm.models.arch import Architecture, model_config_from_hf, resolve_architecture
+from edgellm.layers.norm import RMSNorm
+from edgellm.models.arch import Architecture, resolve_architecture
+from edgellm.models.hf_config import model_config_from_hf
 from edgellm.models.decoder import CausalLM
 from edgellm.platform import Platform
 from edgellm.quant.gguf import GGUFCheckpoint
@@ -172,6 +174,8 @@ def _load_into(
         shown = ", ".join(missing[:8]) + (f" ... (+{len(missing) - 8} more)" if len(missing) > 8 else "")
         raise CheckpointError(f"{ckpt.path}: missing tensors: {shown}")
     for mname, module in modules.items():
+        if isinstance(module, RMSNorm):
+            module.fold_offset()
         if isinstance(module, Linear):
             try:
                 module.method.process_weights_after_loading(module)
@@ -236,12 +240,17 @@ def _use_cpu_paths(model: CausalLM, scheme: QuantScheme, cfg: ModelConfig, platf
         attn.cpp_decode = native is not None
         if fast or auto:
             attn.prefill_dtype = prefill_dtype
-            layer.self_attn.native_rotary = native is not None and model.model.rotary.rot_dim == cfg.head_dim
-            layer.input_layernorm.native = layer.post_attention_layernorm.native = native is not None
+            layer.self_attn.native_rotary = (native is not None and model.model.rotary.rot_dim == cfg.head_dim
+                                             and not cfg.qk_norm)
+            for norm in (layer.input_layernorm, layer.post_attention_layernorm,
+                         layer.attn_output_norm, layer.mlp_output_norm):
+                if norm is not None:
+                    norm.native = native is not None
         if fast:
             mlp = layer.mlp
-            mlp.bf16_intermediate = all(isinstance(getattr(m, "kernel", None), CpuInt4Kernel) and m.bias is None
-                                        for m in (mlp.gate_up_proj, mlp.down_proj))
+            mlp.bf16_intermediate = mlp.gated_silu and all(
+                isinstance(getattr(m, "kernel", None), CpuInt4Kernel) and m.bias is None
+                for m in (mlp.gate_up_proj, mlp.down_proj))
             mlp.native_silu_mul = native is not None and mlp.bf16_intermediate
     if fast or auto:
         model.model.norm.native = native is not None

@@ -231,7 +231,7 @@ def _logprob_gap(got, want) -> float:
                for a, b in zip(g.outputs[0].logprobs, w.outputs[0].logprobs))
 
 
-@pytest.mark.parametrize("arch", ["llama", "llama_tied", "mistral", "qwen2", "phi3", "exaone"])
+@pytest.mark.parametrize("arch", ["llama", "llama_tied", "mistral", "qwen2", "phi3", "exaone", "llama32"])
 def test_fused_decode_matches_the_layer_path(built, tiny_dir, arch):
     """fp32 weights: the same math as the layers up to summation order (qkv biases, sliding
     window, longrope, GQA 4:1 and 4:2 included)."""
@@ -245,6 +245,18 @@ def test_fused_decode_matches_the_layer_path(built, tiny_dir, arch):
     assert any(ran) and not all(ran)  # decode steps fused; prefill steps not
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
     assert _logprob_gap(got, want) < 1e-4
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3", "exaone4", "phi4mini"])
+def test_fused_decode_is_not_built_where_the_layers_differ_from_llamas(built, tiny_dir, arch):
+    """q/k norms, branch-output norms, GeGLU, per-layer rotary and partial rotary are not in the
+    fused C++ pass: those models decode layer by layer (still token for token transformers',
+    tests/test_models.py), in every CPU mode."""
+    from edgellm import LLM
+
+    path, _ = tiny_dir(arch)
+    for mode in ("exact", "fast"):
+        assert LLM(str(path), kv_cache_memory=1 << 20, cpu_quant=mode).engine.model.model.fused is None
 
 
 def test_fused_decode_on_the_default_model(built):

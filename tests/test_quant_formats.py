@@ -40,6 +40,9 @@ INT4_CASES = [
     ("qwen2", "gptq_v2", {"sym": False}),
     ("qwen2", "ct_int4", {"sym": False, "desc_act": True}),
     ("llama", "gptq", {"sym": False, "desc_act": True}),
+    ("qwen3", "awq", {"sym": False}),  # q/k norms after quantized projections
+    ("gemma3", "gptq", {"sym": True}),  # sandwich norms, GeGLU, sliding + global rotary
+    ("exaone4", "ct_int4", {"sym": False}),  # post-norms, a layer without rotary
 ]
 
 

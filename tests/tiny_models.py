@@ -63,10 +63,47 @@ def tiny_config(arch: str) -> transformers.PretrainedConfig:
         )
     if arch == "exaone":
         return transformers.ExaoneConfig(**COMMON)
+    head_dim = COMMON["hidden_size"] // COMMON["num_attention_heads"]
+    if arch == "llama32":  # Llama-3.2 1B/3B style: tied embeddings and llama3 rope
+        return transformers.LlamaConfig(
+            **{**COMMON, "tie_word_embeddings": True},
+            rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                             "original_max_position_embeddings": 64},
+        )
+    if arch == "qwen3":  # q/k RMSNorm per head, no biases
+        return transformers.Qwen3Config(**COMMON, head_dim=head_dim, rope_parameters={
+            "rope_type": "default", "rope_theta": 1000000.0})
+    if arch == "gemma3":  # one sliding layer (window smaller than the prompts), one global
+        return transformers.Gemma3TextConfig(
+            **{**COMMON, "tie_word_embeddings": True}, head_dim=head_dim,
+            query_pre_attn_scalar=24,  # an attention scale other than head_dim ** -0.5
+            sliding_window=24, layer_types=["sliding_attention", "full_attention"],
+            rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                             "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 2.0}},
+            final_logit_softcapping=30.0,
+        )
+    if arch == "exaone4":  # post-norms, q/k norms; hybrid: the global layer takes no rotary
+        return transformers.Exaone4Config(**COMMON, head_dim=head_dim, sliding_window=24,
+                                          layer_types=["sliding_attention", "full_attention"])
+    if arch == "phi4mini":  # phi3 with partial rotary (3/4 of the head) and tied embeddings
+        rot_half = int(head_dim * 0.75) // 2
+        return transformers.Phi3Config(
+            **{**COMMON, "tie_word_embeddings": True},
+            partial_rotary_factor=0.75, original_max_position_embeddings=48,
+            rope_parameters={
+                "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                "short_factor": [1.0 + 0.05 * i for i in range(rot_half)],
+                "long_factor": [1.0 + 0.5 * i for i in range(rot_half)],
+                "original_max_position_embeddings": 48,
+            },
+            sliding_window=None, pad_token_id=0,
+        )
     raise KeyError(arch)
 
 
-ARCHS = ["llama", "llama_tied", "mistral", "qwen2", "phi3", "exaone"]
+ARCHS = ["llama", "llama_tied", "mistral", "qwen2", "phi3", "exaone", "llama32", "qwen3", "gemma3", "exaone4",
+         "phi4mini"]
 
 
 def build_tiny(arch: str, out: Path, seed: int = 0) -> tuple[Path, torch.nn.Module]:

@@ -34,12 +34,14 @@ class Attention(nn.Module):
         head_dim: int,
         sliding_window: int | None = None,
         layer_index: int = 0,
+        scale: float | None = None,
     ) -> None:
+        """scale: of q.k before softmax; None: head_dim ** -0.5."""
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        self.scale = head_dim**-0.5
+        self.scale = head_dim**-0.5 if scale is None else scale
         self.sliding_window = sliding_window
         self.layer_index = layer_index
         # Bound by the engine after the cache is allocated: [2, NB, BS, Hkv, D].

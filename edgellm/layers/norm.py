@@ -10,10 +10,19 @@ from edgellm.kernels import cpu_native
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float = 1e-6, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, hidden_size: int, eps: float = 1e-6, dtype: torch.dtype = torch.float32,
+                 weight_offset: float = 0.0) -> None:
+        """weight_offset: the checkpoint's weight w scales by (offset + w) (Gemma: 1); the loader
+        folds it into the weight once (`fold_offset`), in float32 like the reference's 1 + w."""
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
+        self.weight_offset = weight_offset
+
+    def fold_offset(self) -> None:
+        if self.weight_offset:
+            self.weight.data.copy_(self.weight.data.float() + self.weight_offset)
+            self.weight_offset = 0.0
 
     native = False  # CPU fast mode with the C++ kernels built: set by the loader
 

@@ -1,7 +1,8 @@
-"""One Llama-family decoder for every supported architecture.
+"""One decoder for every supported architecture: Llama's, with what the others add switched on
+by the ModelConfig (norms before, around or after each branch; q/k norms; a scaled embedding;
+sliding layers with their own rotary base or global layers without rotary; logit soft-capping).
 
-Module paths follow the Llama checkpoint layout with q/k/v fused into
-qkv_proj and gate/up into gate_up_proj; models.arch maps each
+Module paths follow the Llama checkpoint layout (blocks.py); models.arch maps each
 architecture's checkpoint names onto them.
 """
 
@@ -12,137 +13,61 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgellm.batch import ForwardBatch
-from edgellm.kernels import cpu_native
 from edgellm.config import ModelConfig
 from edgellm.layers.attention import Attention
 from edgellm.layers.linear import Linear
 from edgellm.layers.norm import RMSNorm
 from edgellm.layers.rotary import RotaryEmbedding
-from edgellm.models.arch import ARCHITECTURES
+from edgellm.models.blocks import MLP, CosSin, Embedding, SelfAttention
 from edgellm.quant.schemes import QuantScheme, UnquantizedLinearMethod
 
 
-def _checkpoint_names(cfg: ModelConfig, parent: str, fused: str) -> list[str]:
-    """What the checkpoint (and its quantization ignore list) calls a fused module: q/k/v_proj, ..."""
-    return [f"{parent}.{name}" for name in ARCHITECTURES[cfg.architecture].checkpoint_modules(fused)]
-
-
-class SelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, scheme: QuantScheme, dtype: torch.dtype) -> None:
-        super().__init__()
-        p = f"model.layers.{layer}.self_attn"
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
-        self.qkv_proj = Linear(
-            cfg.hidden_size,
-            {"q": cfg.q_size, "k": cfg.kv_size, "v": cfg.kv_size},
-            cfg.qkv_bias,
-            scheme.linear_method(f"{p}.qkv_proj", _checkpoint_names(cfg, p, "qkv_proj")),
-            dtype,
-            f"{p}.qkv_proj",
-        )
-        self.o_proj = Linear(
-            cfg.q_size, cfg.hidden_size, cfg.o_bias, scheme.linear_method(f"{p}.o_proj"), dtype, f"{p}.o_proj"
-        )
-        self.attn = Attention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.sliding_windows[layer], layer)
-        self.native_rotary = False  # CPU fast mode, full-width rotary: set by the loader
-        # fp8 KV cache scales, when the checkpoint carries them (compressed-tensors kv_cache_scheme);
-        # NaN = not given. Buffers, not parameters: optional for the loader.
-        self.register_buffer("k_scale", torch.full((), float("nan")), persistent=False)
-        self.register_buffer("v_scale", torch.full((), float("nan")), persistent=False)
-
-    def forward(
-        self, x: torch.Tensor, rotary: RotaryEmbedding, cos_sin: tuple[torch.Tensor, torch.Tensor],
-        batch: ForwardBatch,
-    ) -> torch.Tensor:
-        qkv = self.qkv_proj(x)
-        if self.native_rotary and qkv.dtype == torch.float32 and qkv.dim() == 2 and qkv.stride(-1) == 1:
-            # CPU fast mode: rotary in place on the projection (edgellm/kernels/cpu_native.rotate_)
-            cos, sin = cos_sin
-            cpu_native.rotate_(qkv, cos.reshape(qkv.shape[0], -1), sin.reshape(qkv.shape[0], -1),
-                               self.num_heads + self.num_kv_heads, self.head_dim)
-            q = qkv[:, : self.q_size].view(-1, self.num_heads, self.head_dim)
-            k = qkv[:, self.q_size : self.q_size + self.kv_size].view(-1, self.num_kv_heads, self.head_dim)
-            v = qkv[:, self.q_size + self.kv_size :].view(-1, self.num_kv_heads, self.head_dim)
-            return self.o_proj(self.attn(q, k, v, batch.attn).reshape(-1, self.q_size))
-        qk, v = qkv.split((self.q_size + self.kv_size, self.kv_size), dim=-1)
-        # q and k heads rotated together: one set of elementwise ops per layer instead of two
-        qk = rotary.rotate(qk.reshape(-1, self.num_heads + self.num_kv_heads, self.head_dim), *cos_sin)
-        q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
-        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
-        o = self.attn(q, k, v, batch.attn)
-        return self.o_proj(o.reshape(-1, self.q_size))
-
-
-class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, scheme: QuantScheme, dtype: torch.dtype) -> None:
-        super().__init__()
-        p = f"model.layers.{layer}.mlp"
-        self.intermediate_size = cfg.intermediate_size
-        self.gate_up_proj = Linear(
-            cfg.hidden_size,
-            {"gate": cfg.intermediate_size, "up": cfg.intermediate_size},
-            cfg.mlp_bias,
-            scheme.linear_method(f"{p}.gate_up_proj", _checkpoint_names(cfg, p, "gate_up_proj")),
-            dtype,
-            f"{p}.gate_up_proj",
-        )
-        self.down_proj = Linear(
-            cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias,
-            scheme.linear_method(f"{p}.down_proj"), dtype, f"{p}.down_proj",
-        )
-
-    bf16_intermediate = False  # CPU fast mode with int4 kernels on both linears: set by the loader
-    native_silu_mul = False  # ... and the C++ kernels built
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.bf16_intermediate and x.shape[0] > 1:
-            # the down projection rounds its input to bf16 anyway: keep gate/up and SiLU in bf16
-            # instead of widening [T, 2 * intermediate] to fp32 and back (prefill-sized steps)
-            gu = self.gate_up_proj(x.to(torch.bfloat16))
-            if self.native_silu_mul:  # one pass, one rounding (edgellm/kernels/cpu_native.silu_mul)
-                return self.down_proj(cpu_native.silu_mul(gu.reshape(-1, gu.shape[-1]))).to(x.dtype)
-            gate, up = gu.split(self.intermediate_size, dim=-1)
-            return self.down_proj(F.silu(gate) * up).to(x.dtype)
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
-
-
 class DecoderLayer(nn.Module):
+    """norm_layout "pre": x + attn(norm(x)), then x + mlp(norm(x)) (input_layernorm,
+    post_attention_layernorm); "sandwich" adds attn_output_norm and mlp_output_norm on each
+    branch's output; "post" has only those two."""
+
     def __init__(self, cfg: ModelConfig, layer: int, scheme: QuantScheme, dtype: torch.dtype) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+
+        def norm(present: bool) -> RMSNorm | None:
+            return RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, cfg.norm_weight_offset) if present else None
+
+        self.input_layernorm = norm(cfg.norm_layout != "post")
         self.self_attn = SelfAttention(cfg, layer, scheme, dtype)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.attn_output_norm = norm(cfg.norm_layout != "pre")
+        self.post_attention_layernorm = norm(cfg.norm_layout != "post")
         self.mlp = MLP(cfg, layer, scheme, dtype)
+        self.mlp_output_norm = norm(cfg.norm_layout != "pre")
 
-    def forward(
-        self, x: torch.Tensor, rotary: RotaryEmbedding, cos_sin: tuple[torch.Tensor, torch.Tensor],
-        batch: ForwardBatch,
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rotary, cos_sin, batch)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-
-class Embedding(nn.Module):
-    def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, dtype=dtype), requires_grad=False)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, self.weight)
+    def forward(self, x: torch.Tensor, rotary: RotaryEmbedding | None, cos_sin: CosSin | None,
+                batch: ForwardBatch) -> torch.Tensor:
+        h = self.self_attn(x if self.input_layernorm is None else self.input_layernorm(x), rotary, cos_sin, batch)
+        x = x + (h if self.attn_output_norm is None else self.attn_output_norm(h))
+        h = self.mlp(x if self.post_attention_layernorm is None else self.post_attention_layernorm(x))
+        return x + (h if self.mlp_output_norm is None else self.mlp_output_norm(h))
 
 
 class DecoderModel(nn.Module):
     def __init__(self, cfg: ModelConfig, scheme: QuantScheme, dtype: torch.dtype, max_position: int) -> None:
         super().__init__()
-        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, dtype)
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, dtype, cfg.embed_scale)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, scheme, dtype) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, cfg.norm_weight_offset)
         self.rotary = RotaryEmbedding(
             cfg.head_dim, max_position, cfg.rope_theta, cfg.rope_scaling, cfg.partial_rotary_factor,
             cfg.max_position_embeddings,
         )
+        # Gemma 3: sliding layers rotate with their own base, unscaled
+        self.local_rotary = None if cfg.local_rope_theta is None else RotaryEmbedding(
+            cfg.head_dim, max_position, cfg.local_rope_theta, None, cfg.partial_rotary_factor,
+            cfg.max_position_embeddings,
+        )
+        # per layer: 0 the rotary above, 1 the local one, -1 none (EXAONE 4's hybrid global layers)
+        self.layer_rotary = [
+            1 if w is not None and self.local_rotary is not None else -1 if w is None and cfg.nope_full_layers else 0
+            for w in cfg.sliding_windows
+        ]
 
     fused = None  # fp32 on CPU: models/fused_decode.FusedDecode, set by the loader
 
@@ -153,8 +78,13 @@ class DecoderModel(nn.Module):
             y = self.fused(x, cos_sin, batch.attn)  # None: not a decode-only step
             if y is not None:
                 return self.norm(y)
-        for layer in self.layers:
-            x = layer(x, self.rotary, cos_sin, batch)
+        rotaries: list[tuple[RotaryEmbedding | None, CosSin | None]] = [(self.rotary, cos_sin)]
+        if self.local_rotary is not None:
+            rotaries.append((self.local_rotary,
+                             self.local_rotary.cos_sin_for(batch.positions, batch.seq_total_lens, x.dtype)))
+        for layer, which in zip(self.layers, self.layer_rotary):
+            rotary, cs = rotaries[which] if which >= 0 else (None, None)
+            x = layer(x, rotary, cs, batch)
         return self.norm(x)
 
 
@@ -207,6 +137,15 @@ class CausalLM(nn.Module):
         allowed: row -> bool [vocab], greedy rows under a grammar whose masked argmax is all that
         matters (only where the head can do it: `supports_masked_argmax`); their disallowed logits
         come back -inf."""
+        logits = self._logits(hidden, argmax_only, allowed)
+        cap = self.config.final_logit_softcapping
+        if cap is None:
+            return logits
+        # cap * tanh(logits / cap), as transformers computes it; masked (-inf) logits stay -inf
+        return torch.where(torch.isfinite(logits), torch.tanh(logits / cap) * cap, logits)
+
+    def _logits(self, hidden: torch.Tensor, argmax_only: list[bool] | None,
+                allowed: dict[int, torch.Tensor] | None) -> torch.Tensor:
         if allowed:
             flags = argmax_only or [False] * hidden.shape[0]
             others = [i for i in range(hidden.shape[0]) if i not in allowed]
@@ -214,7 +153,7 @@ class CausalLM(nn.Module):
             out = torch.empty(hidden.shape[0], self.config.vocab_size, dtype=torch.float32, device=hidden.device)
             if others:
                 idx = torch.tensor(others)
-                out[idx] = self.compute_logits(hidden[idx], [flags[i] for i in others])
+                out[idx] = self._logits(hidden[idx], [flags[i] for i in others], None)
             idx = torch.tensor(rows)
             out[idx] = self.fast_logits.masked(hidden[idx], torch.stack([allowed[r] for r in rows]))  # type: ignore[union-attr]
             return out

@@ -11,7 +11,8 @@ also how far the layer path is from transformers.
 
 It applies when every linear of every layer is a CPU int4 kernel without an act-order
 permutation (the tinygemm one with its dense copy kept), or a plain fp32 matrix; the model runs fp32;
-rotary covers the whole head; and at call time the step is decode-only over fp32 or fp8
+rotary covers the whole head and is the same for every layer; the layers are Llama's (pre-norms,
+no q/k norms, SiLU); and at call time the step is decode-only over fp32 or fp8
 (e4m3, per-layer scales) KV caches. Anything else (prefill chunks, other formats) takes the
 layer path.
 """
@@ -99,6 +100,14 @@ class FusedDecode:
             why = "the model is not fp32"
         elif model.rotary.rot_dim != model.layers[0].self_attn.head_dim:
             why = "partial rotary"
+        elif any(layer.input_layernorm is None or layer.attn_output_norm is not None for layer in model.layers):
+            why = "norms other than Llama's pre-norms"
+        elif model.layers[0].self_attn.q_norm is not None:
+            why = "q/k norms"
+        elif not model.layers[0].mlp.gated_silu:
+            why = "an MLP activation other than SiLU"
+        elif any(which != 0 for which in model.layer_rotary):
+            why = "per-layer rotary (local bases or none)"
         static, meta = [], []
         for layer in model.layers if why is None else []:
             sa, mlp = layer.self_attn, layer.mlp

@@ -171,6 +171,9 @@ def layer_parts(layer: nn.Module, prefix: str) -> LayerParts:
     norm1, norm2 = getattr(layer, "input_layernorm", None), getattr(layer, "post_attention_layernorm", None)
     if attn is None or mlp is None or norm1 is None or norm2 is None:
         raise CalibrationError(f"{prefix}: not a Llama-style decoder layer")
+    if hasattr(layer, "post_feedforward_layernorm"):  # Gemma 3, EXAONE 4: norms on the branch outputs
+        raise CalibrationError(f"{prefix}: norms around the branches (Gemma 3 / EXAONE 4 layout) are not "
+                               "supported by calibrated conversion yet; quantize such models to GGUF instead")
     if hasattr(attn, "qkv_proj"):
         qkv = {"qkv_proj": attn.qkv_proj}
     else:
