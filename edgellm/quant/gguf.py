@@ -4,7 +4,8 @@ Quantized weights of the decoder's linears stay in their GGUF blocks (raw
 uint8 rows, [N, K / block * block_bytes]) and load through GGUFScheme, which
 the config announces as quantization_config {"quant_method": "gguf",
 "linear_types": {hf name: type}}. Everything else (embeddings, norms, the
-head) is dequantized here with the gguf package's reference dequantizers.
+head) is dequantized here with the gguf package's reference dequantizers. The file's
+header is read by quant/gguf_file.py.
 Names, config keys and llama.cpp's converter conventions per architecture
 (Llama's permuted q/k rows, Gemma's 1 + w norms) live in quant/gguf_arch.py.
 
@@ -29,6 +30,7 @@ from torch import nn
 
 from edgellm.quant import gguf_blocks
 from edgellm.quant.gguf_arch import ARCHES, LINEAR
+from edgellm.quant.gguf_file import GGUFFile, GGUFFormatError
 from edgellm.quant.schemes import (
     Int4Codes,
     Int8Codes,
@@ -48,20 +50,16 @@ class GGUFError(ValueError):
     pass
 
 
-def _open(path: Path) -> Any:
-    from gguf import GGUFReader
-
+def _open(path: Path) -> GGUFFile:
     try:
-        return GGUFReader(str(path))
-    except Exception as exc:  # the reader raises assorted errors on corrupt files
+        return GGUFFile(path)
+    except (GGUFFormatError, OSError, ValueError) as exc:
         raise GGUFError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from None
 
 
-def _field(reader: Any, key: str, default: Any = None) -> Any:
-    field = reader.fields.get(key)
-    if field is None:
-        return default
-    return field.contents()
+def _field(reader: GGUFFile, key: str, default: Any = None) -> Any:
+    value = reader.fields.get(key)
+    return default if value is None else value
 
 
 def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
