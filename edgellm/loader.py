@@ -59,6 +59,11 @@ class Checkpoint:
     generation_config: dict[str, Any] | None
     gguf: GGUFCheckpoint | None = None
 
+    @property
+    def fallback_chat_template(self) -> str | None:
+        """The template to use when the tokenizer brings none (a GGUF architecture's own)."""
+        return self.gguf.fallback_chat_template if self.gguf is not None else None
+
     def tensors(self) -> Iterator[tuple[str, torch.Tensor, str]]:
         """(name, tensor, source file) for every tensor."""
         if self.gguf is not None:
@@ -119,7 +124,7 @@ def resolve_checkpoint(model: str | Path | None) -> Checkpoint:
         if path.suffix != ".gguf":
             raise CheckpointError(f"{path}: a model file must be .gguf (or give an HF directory)")
         gguf = GGUFCheckpoint(path)
-        return Checkpoint(path, "gguf", gguf.config, None, gguf)
+        return Checkpoint(path, "gguf", gguf.config, gguf.generation_config, gguf)
     config_path = path / "config.json"
     if not config_path.is_file():
         raise CheckpointError(f"{path}: no config.json; not an HF checkpoint directory")

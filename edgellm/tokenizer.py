@@ -73,12 +73,18 @@ class Tokenizer:
         self.vocab_size = len(hf)
 
     @classmethod
-    def load(cls, source: Path, kind: str, chat_template: str | None = None) -> Tokenizer | None:
-        """The checkpoint's tokenizer, or None when the directory carries none (token-id prompts only)."""
+    def load(cls, source: Path, kind: str, chat_template: str | None = None,
+             fallback_template: str | None = None) -> Tokenizer | None:
+        """The checkpoint's tokenizer, or None when the directory carries none (token-id prompts only).
+        `chat_template` overrides the model's; `fallback_template` is used only where it has none."""
         if chat_template and _is_file(chat_template):
             chat_template = Path(chat_template).read_text()
         if kind == "gguf":
-            return cls(_gguf_tokenizer(source), chat_template)
+            hf = _gguf_tokenizer(source)
+            if not chat_template and not hf.chat_template and fallback_template:
+                logger.info("%s carries no chat template; using its architecture's own", source)
+                chat_template = fallback_template
+            return cls(hf, chat_template)
         has_files = any((source / f).is_file() for f in
                         ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json"))
         if not has_files:

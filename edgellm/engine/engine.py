@@ -83,7 +83,8 @@ class LLMEngine:
         with _names_the_file(self.checkpoint.path):
             mcfg: ModelConfig = model_config(self.checkpoint, config.architecture)
             self.model_config = mcfg
-            self.tokenizer = Tokenizer.load(self.checkpoint.path, self.checkpoint.kind, config.chat_template)
+            self.tokenizer = Tokenizer.load(self.checkpoint.path, self.checkpoint.kind, config.chat_template,
+                                            fallback_template=self.checkpoint.fallback_chat_template)
         self.eos_token_ids = list(mcfg.eos_token_ids)
         if self.tokenizer is not None:
             self.eos_token_ids += [t for t in self.tokenizer.eos_token_ids if t not in self.eos_token_ids]

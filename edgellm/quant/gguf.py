@@ -31,6 +31,7 @@ from torch import nn
 from edgellm.quant import gguf_blocks
 from edgellm.quant.gguf_arch import ARCHES, LINEAR
 from edgellm.quant.gguf_file import GGUFFile, GGUFFormatError
+from edgellm.quant.gguf_vocab import end_of_generation_ids, fallback_chat_template
 from edgellm.quant.schemes import (
     Int4Codes,
     Int8Codes,
@@ -87,6 +88,9 @@ class GGUFCheckpoint:
             if LINEAR.match(t.name) and t.tensor_type.name not in _FLOAT_TYPES
         }
         self.config = self._config()
+        # what HF checkpoints say in generation_config.json and tokenizer_config.json
+        self.generation_config = {"eos_token_id": end_of_generation_ids(self.reader.fields)}
+        self.fallback_chat_template = fallback_chat_template(arch, self.reader.fields)
         if self.linear_types:
             self.config["quantization_config"] = {"quant_method": "gguf", "linear_types": self.linear_types}
 
