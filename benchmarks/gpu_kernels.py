@@ -31,6 +31,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgellm.kernels.dequant_gemm import w4a16_gemm, w8a16_gemm  # noqa: E402
+from edgellm.kernels.grouped_gemm import w8g_gemm, w8g_gemm_ref  # noqa: E402
 from edgellm.kernels.fp8_gemm import fp8_gemm, fp8_gemm_ref  # noqa: E402
 from edgellm.kernels.int4_layouts import repack_int4, unpack_int4_weight  # noqa: E402
 from edgellm.kernels.kv_cache import write_kv_triton  # noqa: E402
@@ -102,6 +103,12 @@ def gemm_rows(models, ms, dev, dtype, iters) -> list[dict]:
             s8 = (torch.rand(n, 1, device=dev) * 0.01 + 1e-3).to(dtype)
             w_fp8 = (torch.randn(n, k, device=dev) * 0.5).to(torch.float8_e4m3fn)
             s_fp8 = (torch.rand(n, 1, device=dev) * 0.01 + 1e-3).float()
+            # GGUF's kept-quantized forms: Q4_K (int4, groups of 32 with offsets), Q6_K (int8 codes, 16)
+            off = torch.randn(n, k // 32, device=dev) * 0.01
+            wk = repack_int4(q, None, (torch.rand(n, k // 32, device=dev) * 0.02).float(), 32, offsets=off)
+            wk_ref = unpack_int4_weight(wk).to(dtype)
+            c6 = torch.randint(-32, 32, (n, k), device=dev, dtype=torch.int8)
+            s6 = torch.rand(k // 16, n, device=dev) * 0.01
             for m in ms:
                 x = torch.randn(m, k, device=dev, dtype=dtype)
                 ref = x @ w_ref.t()
@@ -112,10 +119,16 @@ def gemm_rows(models, ms, dev, dtype, iters) -> list[dict]:
                 t4 = bench(lambda: w4a16_gemm(x, **vars(w4)), iters=iters)
                 t8 = bench(lambda: w8a16_gemm(x, w8, s8), iters=iters)
                 tf = bench(lambda: fp8_gemm(x, w_fp8, s_fp8), iters=iters)
+                errk = rel_err(w4a16_gemm(x, **vars(wk)), x @ wk_ref.t())
+                err6 = rel_err(w8g_gemm(x, c6, s6, 16), w8g_gemm_ref(x, c6, s6, 16))
+                tk = bench(lambda: w4a16_gemm(x, **vars(wk)), iters=iters)
+                t6 = bench(lambda: w8g_gemm(x, c6, s6, 16), iters=iters)
                 flops = 2 * m * n * k
                 for kind, t, wbytes, err in (("fp16 cuBLAS", t_ref, n * k * 2, 0.0),
                                              ("w4a16", t4, n * k // 2 + scales.numel() * 2, err4),
-                                             ("w8a16", t8, n * k, err8), ("fp8", tf, n * k, errf)):
+                                             ("w8a16", t8, n * k, err8), ("fp8", tf, n * k, errf),
+                                             ("q4_k w4 offsets", tk, n * k // 2 + n * k // 32 * 8, errk),
+                                             ("q6_k w8 grouped", t6, n * k + n * k // 16 * 4, err6)):
                     rows.append({"model": name, "op": f"gemm {layer}", "M": m, "N": n, "K": k, "kernel": kind,
                                  "us": t * 1e6, "GBps": (wbytes + m * k * 2 + m * n * 2) / t / 1e9,
                                  "TFLOPs": flops / t / 1e12, "speedup_vs_fp16": t_ref / t,

@@ -15,7 +15,9 @@ import pytest
 import torch
 
 from edgellm import LLM
+from tests.gguf_files import write_llama_gguf
 from tests.quant_tiny import quantize_checkpoint, quantize_w8a8
+from tests.test_quant_gguf_kquants import Q4_K_M
 
 PROMPT = [5, 17, 99, 3, 250, 41, 8, 77, 12, 200, 1]
 
@@ -32,6 +34,17 @@ print("RESULT" + json.dumps(out))
 """
 
 
+def _kquant_llama():
+    """A tiny Llama wide enough for the K-quants' 256-weight super-blocks."""
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=320, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                   initializer_range=0.05, tie_word_embeddings=False)
+    return transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tiny_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("triton")
@@ -43,6 +56,8 @@ def checkpoints(tiny_dir, tmp_path_factory):
                                        activations="tensor")[0]
     made["int8-w8a8"] = quantize_w8a8(src, hf, root / "int8", "int8")[0]
     made["int8-w8a16"] = quantize_w8a8(src, hf, root / "int8wo", "int8", activations=None)[0]
+    made["gguf-q4_k_m"] = write_llama_gguf(_kquant_llama(), root / "tiny-q4_k_m.gguf", Q4_K_M,
+                                           embed_type="F32")[0]
     src, hf = tiny_dir("phi3")
     made["ct-int4-phi3"] = quantize_checkpoint(src, hf, root / "ct", "ct_int4", sym=False)[0]
     return made
@@ -58,7 +73,9 @@ def test_triton_kernels_match_the_exact_cpu_path(checkpoints):
     result = json.loads(proc.stdout.split("RESULT", 1)[1])
     expected = {"awq": ["TritonInt4Kernel"], "gptq-act-order": ["TritonInt4Kernel"],
                 "ct-int4-phi3": ["TritonInt4Kernel"], "fp8-static": ["FP8Kernel"],
-                "int8-w8a8": ["Int8W8A8Kernel"], "int8-w8a16": ["Int8WeightOnlyKernel"]}
+                "int8-w8a8": ["Int8W8A8Kernel"], "int8-w8a16": ["Int8WeightOnlyKernel"],
+                # Q4_K linears as int4 with offsets; Q6_K and the mixed Q4_K/Q6_K qkv as int8 codes
+                "gguf-q4_k_m": ["TritonInt4Kernel", "TritonInt8GroupedKernel"]}
     for name, path in paths.items():
         got = torch.tensor(result[path]["logits"])
         want = LLM(path, kv_cache_memory=1 << 20, cpu_quant="exact").prompt_logits([PROMPT])[0]

@@ -36,6 +36,7 @@ def _w4a16_gemm_kernel(
     qw_ptr,
     s_ptr,
     z_ptr,
+    o_ptr,
     gidx_ptr,
     perm_ptr,
     bias_ptr,
@@ -51,12 +52,15 @@ def _w4a16_gemm_kernel(
     stride_sn,
     stride_zg,
     stride_zn,
+    stride_og,
+    stride_on_,
     stride_om,
     stride_on,
     stride_os,
     M_BUCKET,
     GROUP_SIZE: tl.constexpr,
     HAS_ZEROS: tl.constexpr,
+    HAS_OFFSETS: tl.constexpr,
     HAS_GIDX: tl.constexpr,
     HAS_PERM: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -67,14 +71,16 @@ def _w4a16_gemm_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
-    # x [M, K], qweight [K/8, N] int32, scales [G, N], zeros [G, N] uint8, g_idx/perm [K],
-    # out [M, N] (or fp32 partials [SPLIT_K, M, N])
+    # x [M, K], qweight [K/8, N] int32, scales [G, N], zeros [G, N] uint8, offsets [G, N] fp32
+    # (w = q * s + o, no zero code), g_idx/perm [K], out [M, N] (or fp32 partials [SPLIT_K, M, N])
     offs_m, offs_n = tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     m_mask = offs_m < M
     n_mask = offs_n < N
     k_start, k_end = k_range(K, SPLIT_K, BLOCK_K)
     # one scale row per K tile unless groups are gathered or straddle tiles
-    ONE_GROUP_PER_TILE: tl.constexpr = (not HAS_GIDX) and (GROUP_SIZE % BLOCK_K == 0)
+    ONE_GROUP_PER_TILE: tl.constexpr = (
+        (not HAS_GIDX) and (not HAS_OFFSETS) and (GROUP_SIZE % BLOCK_K == 0)
+    )
     acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -119,15 +125,24 @@ def _w4a16_gemm_kernel(
                 mask=kn_mask,
                 other=0.0,
             )
-            if HAS_ZEROS:
-                z = tl.load(
-                    z_ptr + g[:, None] * stride_zg + offs_n[None, :] * stride_zn,
+            if HAS_OFFSETS:
+                o = tl.load(
+                    o_ptr + g[:, None] * stride_og + offs_n[None, :] * stride_on_,
                     mask=kn_mask,
-                    other=8,
-                ).to(tl.float32)
+                    other=0.0,
+                )
+                w = q.to(tl.float32) * s.to(tl.float32) + o
             else:
-                z = 8.0
-            acc = mma(x, (q.to(tl.float32) - z) * s.to(tl.float32), acc, EMULATE_BF16)
+                if HAS_ZEROS:
+                    z = tl.load(
+                        z_ptr + g[:, None] * stride_zg + offs_n[None, :] * stride_zn,
+                        mask=kn_mask,
+                        other=8,
+                    ).to(tl.float32)
+                else:
+                    z = 8.0
+                w = (q.to(tl.float32) - z) * s.to(tl.float32)
+            acc = mma(x, w, acc, EMULATE_BF16)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     store_tile(out_ptr, acc, offs_m, offs_n, M, N, stride_om, stride_on, stride_os, EMULATE_BF16)
@@ -158,6 +173,7 @@ def w4a16_gemm(
     bias: torch.Tensor | None = None,  # [N]
     perm: torch.Tensor | None = None,  # [K] int32
     split_k: int | None = None,  # decode split override (tests, benchmarks)
+    offsets: torch.Tensor | None = None,  # [G, N] fp32: w = q * s + o (GGUF Q4_1 / Q4_K)
 ) -> torch.Tensor:
     """[..., N] in x's dtype."""
     k, n = qweight.shape[0] * 8, qweight.shape[1]
@@ -172,12 +188,20 @@ def w4a16_gemm(
         raise ValueError(
             f"zeros must be uint8 {tuple(scales.shape)}, got {zeros.dtype} {tuple(zeros.shape)}"
         )
+    if offsets is not None and (
+        offsets.shape != scales.shape or offsets.dtype != torch.float32 or zeros is not None
+    ):
+        raise ValueError(
+            f"offsets must be fp32 {tuple(scales.shape)} without zeros, got {offsets.dtype} "
+            f"{tuple(offsets.shape)}"
+        )
     for t, name in ((g_idx, "g_idx"), (perm, "perm")):
         if t is not None and (t.shape != (k,) or t.dtype != torch.int32):
             raise ValueError(f"{name} must be int32 [{k}]")
     if bias is not None and bias.shape != (n,):
         raise ValueError(f"bias must be [{n}]")
-    z = zeros if zeros is not None else scales  # placeholder pointer when absent
+    z = zeros if zeros is not None else scales  # placeholder pointers when absent
+    o = offsets if offsets is not None else scales
     dummy = qweight
 
     def args(out, som, son, sos, split):
@@ -186,6 +210,7 @@ def w4a16_gemm(
             qweight,
             scales,
             z,
+            o,
             g_idx if g_idx is not None else dummy,
             perm if perm is not None else dummy,
             bias if bias is not None else dummy,
@@ -201,6 +226,8 @@ def w4a16_gemm(
             scales.stride(1),
             z.stride(0),
             z.stride(1),
+            o.stride(0),
+            o.stride(1),
             som,
             son,
             sos,
@@ -209,6 +236,7 @@ def w4a16_gemm(
     consts = dict(
         GROUP_SIZE=group_size,
         HAS_ZEROS=zeros is not None,
+        HAS_OFFSETS=offsets is not None,
         HAS_GIDX=g_idx is not None,
         HAS_PERM=perm is not None,
     )
@@ -217,9 +245,9 @@ def w4a16_gemm(
 
 
 def w4a16_gemm_ref(
-    x, qweight, scales, zeros, g_idx, group_size, bias=None, perm=None, **_
+    x, qweight, scales, zeros, g_idx, group_size, bias=None, perm=None, offsets=None, **_
 ) -> torch.Tensor:
-    w = unpack_int4_weight(Int4Weight(qweight, scales, zeros, g_idx, perm, group_size))
+    w = unpack_int4_weight(Int4Weight(qweight, scales, zeros, g_idx, perm, group_size, offsets))
     y = x.float() @ w.t()
     if bias is not None:
         y += bias.float()

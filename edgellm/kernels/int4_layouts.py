@@ -201,13 +201,18 @@ class Int4Weight:
     g_idx: torch.Tensor | None  # [K] int32 group of each stored row; None = row // group_size
     perm: torch.Tensor | None  # [K] int32 stored row r multiplies x[:, perm[r]]; None = identity
     group_size: int
+    offsets: torch.Tensor | None = None  # [G, N] fp32: w = q * s + o (zeros and g_idx None)
 
 
 def unpack_int4_weight(w: Int4Weight) -> torch.Tensor:
     """Canonical -> W [N, K] float32 in the original input order (the kernel's reference)."""
     q = unpack_int4(w.qweight, 0).t()
     z = None if w.zeros is None else w.zeros.t()
-    wt = dequant_int4_ref(q, z, w.scales.t(), w.group_size, w.g_idx)
+    if w.offsets is not None:
+        g = _group_index(q.shape[1], w.group_size, w.g_idx, q.device)
+        wt = q.float() * w.scales.float().t()[:, g] + w.offsets.float().t()[:, g]
+    else:
+        wt = dequant_int4_ref(q, z, w.scales.t(), w.group_size, w.g_idx)
     if w.perm is None:
         return wt
     out = torch.empty_like(wt)
@@ -222,10 +227,16 @@ def repack_int4(
     group_size: int,
     g_idx: torch.Tensor | None = None,
     sort_groups: bool = True,
+    offsets: torch.Tensor | None = None,  # [N, G]: w = q * s + o (no zero codes, no g_idx)
 ) -> Int4Weight:
     """Unpacked convention -> canonical (exact). A g_idx that is just row // group_size is
     dropped; a desc_act g_idx whose sort gives that is turned into a row permutation."""
     n, k = q.shape
+    if offsets is not None:
+        if zeros is not None or g_idx is not None:
+            raise ValueError("int4 offsets go without zero codes and without g_idx")
+        return Int4Weight(pack_int4(q.t(), 0), scales.t().contiguous(), None, None, None, group_size,
+                          offsets.t().float().contiguous())
     if zeros is not None:
         if zeros.min() < 0 or zeros.max() > 255:
             raise ValueError("zero codes out of uint8 range")

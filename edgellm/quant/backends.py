@@ -1,8 +1,9 @@
 """Matmul backends for weight-quantized linears: what a QuantLinearMethod runs once
 its format has decoded the checkpoint tensors (schemes.QuantLinearMethod).
 
-- CUDA: plain int4 (AWQ, GPTQ, compressed-tensors, GGUF Q4_0) is repacked once
-  into the W4A16 Triton kernel's layout; anything else is dequantized once.
+- CUDA: int4 (AWQ, GPTQ, compressed-tensors, GGUF Q4_0/Q4_1/Q4_K, the last two with
+  offsets) is repacked once into the W4A16 Triton kernel's layout; GGUF's other types run
+  as int8 codes with group scales in the grouped W8 kernel; anything else is dequantized once.
 - 8-bit weights with 8-bit activations (W8A8): int8 runs exact integer math on CPU
   (torch._int_mm, activations quantized per token like compressed-tensors), fp8
   dequantizes the weight once and rounds activations through fp8; on CUDA both use
@@ -46,7 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgellm import env
-from edgellm.quant.schemes import Int4Codes
+from edgellm.quant.schemes import Int4Codes, Int8Codes
 
 if TYPE_CHECKING:
     from edgellm.platform import Platform
@@ -130,7 +131,8 @@ class TritonInt4Kernel:
     def __init__(self, codes: Int4Codes, device: torch.device) -> None:
         from edgellm.kernels.int4_layouts import repack_int4
 
-        w = repack_int4(codes.codes, codes.zeros, codes.scales, codes.group_size, codes.g_idx)
+        w = repack_int4(codes.codes, codes.zeros, codes.scales, codes.group_size, codes.g_idx,
+                        offsets=codes.offsets)
         for name, value in vars(w).items():
             if isinstance(value, torch.Tensor):
                 setattr(w, name, value.to(device))
@@ -140,6 +142,22 @@ class TritonInt4Kernel:
         from edgellm.kernels.dequant_gemm import w4a16_gemm
 
         return w4a16_gemm(x, **vars(self.weight), bias=bias)
+
+
+class TritonInt8GroupedKernel:
+    """CUDA: int8 codes with group scales and offsets (GGUF's 5/6/8-bit types and K-quants)
+    through the grouped W8 GEMM (edgellm/kernels/grouped_gemm)."""
+
+    def __init__(self, codes: Int8Codes, device: torch.device) -> None:
+        self.codes = codes.codes.to(device=device, dtype=torch.int8).contiguous()
+        self.scales = codes.scales.float().t().contiguous().to(device)
+        self.offsets = None if codes.offsets is None else codes.offsets.float().t().contiguous().to(device)
+        self.group_size = codes.group_size
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        from edgellm.kernels.grouped_gemm import w8g_gemm
+
+        return w8g_gemm(x, self.codes, self.scales, self.group_size, self.offsets, bias=bias)
 
 
 class CpuInt4Kernel:
@@ -280,8 +298,10 @@ def build_kernel(method: QuantLinearMethod, layer: nn.Module, platform: Platform
     device = layer_device(layer)
     codes = method.int4(layer)
     if use_triton(device):
-        if codes is not None and codes.offsets is None:
+        if codes is not None:
             return TritonInt4Kernel(codes, device)
+        if (codes8 := method.int8(layer)) is not None:
+            return TritonInt8GroupedKernel(codes8, device)
     elif platform.cpu_quant == "auto" and (codes is not None or (codes := method.int8(layer)) is not None):
         from edgellm.quant.linear_kernels.cpu_int import CpuIntDotKernel
 
