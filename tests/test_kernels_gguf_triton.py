@@ -19,10 +19,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-from edgellm.kernels import dequant_gemm, gemm_common, grouped_gemm  # noqa: E402
-from edgellm.quant import gguf_blocks  # noqa: E402
-from edgellm.quant.backends import TritonInt4Kernel, TritonInt8GroupedKernel  # noqa: E402
-from tests.gguf_files import random_rows  # noqa: E402
+from edgellm.kernels import dequant_gemm, gemm_common, grouped_gemm
+from edgellm.quant import gguf_blocks
+from edgellm.quant.backends import TritonInt4Kernel, TritonInt8GroupedKernel
+from tests.gguf_files import random_rows
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu" and not gemm_common.interpreting():

@@ -14,7 +14,16 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemm_common import KEY, check_activation, k_range, launch_gemm, mma, store_tile, tile_ids, tuned
+from .gemm_common import (
+    KEY,
+    check_activation,
+    k_range,
+    launch_gemm,
+    mma,
+    store_tile,
+    tile_ids,
+    tuned,
+)
 
 
 @triton.jit
@@ -71,16 +80,24 @@ def _w8g_gemm_kernel(
         )
         if ONE_GROUP_PER_TILE:
             # int8 codes are exact in any float dtype: scale after the dot
-            s = tl.load(s_ptr + (k0 // GROUP_SIZE) * stride_sg + offs_n * stride_sn, mask=n_mask, other=0.0)
+            s = tl.load(
+                s_ptr + (k0 // GROUP_SIZE) * stride_sg + offs_n * stride_sn, mask=n_mask, other=0.0
+            )
             part = mma(x, q, tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32), EMULATE_BF16)
             acc += part * s[None, :]
         else:
             g = offs_k // GROUP_SIZE
-            s = tl.load(s_ptr + g[:, None] * stride_sg + offs_n[None, :] * stride_sn, mask=kn_mask, other=0.0)
+            s = tl.load(
+                s_ptr + g[:, None] * stride_sg + offs_n[None, :] * stride_sn,
+                mask=kn_mask,
+                other=0.0,
+            )
             w = q.to(tl.float32) * s
             if HAS_OFFSETS:
                 w += tl.load(
-                    o_ptr + g[:, None] * stride_og + offs_n[None, :] * stride_on_, mask=kn_mask, other=0.0
+                    o_ptr + g[:, None] * stride_og + offs_n[None, :] * stride_on_,
+                    mask=kn_mask,
+                    other=0.0,
                 )
             acc = mma(x, w, acc, EMULATE_BF16)
     if HAS_BIAS:
@@ -98,10 +115,14 @@ def _prune(configs, named_args, **kwargs):
 _W8G = (_w8g_gemm_kernel, *tuned(_w8g_gemm_kernel, KEY + ["GROUP_SIZE", "HAS_OFFSETS"], _prune))
 
 
-def _check(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None, group_size: int) -> None:
+def _check(
+    codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None, group_size: int
+) -> None:
     n, k = codes.shape
     if codes.dtype != torch.int8 or group_size <= 0 or k % group_size:
-        raise ValueError(f"bad grouped int8 weight: codes {codes.dtype} {tuple(codes.shape)}, group {group_size}")
+        raise ValueError(
+            f"bad grouped int8 weight: codes {codes.dtype} {tuple(codes.shape)}, group {group_size}"
+        )
     want = (k // group_size, n)
     for t, name in ((scales, "scales"), (offsets, "offsets")):
         if t is not None and (tuple(t.shape) != want or t.dtype != torch.float32):
@@ -134,14 +155,14 @@ def w8g_gemm(
             som, son, sos,
         )  # fmt: skip
 
-    consts = dict(GROUP_SIZE=group_size, HAS_OFFSETS=offsets is not None)
+    consts = {"GROUP_SIZE": group_size, "HAS_OFFSETS": offsets is not None}
     out = launch_gemm(_W8G, x2, n, bias, args, consts, split_k)
     return out.reshape(*x.shape[:-1], n)
 
 
 def w8g_gemm_ref(x, codes, scales, group_size, offsets=None, bias=None, **_) -> torch.Tensor:
     _check(codes, scales, offsets, group_size)
-    n, k = codes.shape
+    k = codes.shape[1]
     g = torch.arange(k, device=codes.device) // group_size
     w = codes.float() * scales.t()[:, g]
     if offsets is not None:
