@@ -50,11 +50,11 @@ from typing import Any
 import httpx
 
 from edgellm.bench.report import cpu_name
+from edgellm.bench.servers import LLAMA_DEFAULT, Server, find_llama_server, free_port, llama_flags
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
 SERVERS = ("edgellm", "hf", "llama-server")
-LLAMA_DEFAULT = Path.home() / ".cache" / "edgellm" / "llama.cpp" / "build" / "bin" / "llama-server"
 
 
 # ------------------------------------------------------------------------ machine
@@ -138,13 +138,14 @@ def decode_weight_bytes(model: Any) -> dict[str, int]:
             "total": linear + norms + head + row}
 
 
-def edgellm_roofline_bytes(cpu_kernels: str | None) -> dict[str, Any]:
-    """Load the default model as `edgellm serve` does (same CPU kernel mode) and count."""
+def edgellm_roofline_bytes(cpu_kernels: str | None, model_path: Path | None) -> dict[str, Any]:
+    """Load the model as `edgellm serve` does (same CPU kernel mode) and count."""
     from edgellm import LLM
 
     if cpu_kernels:
         os.environ["EDGELLM_CPU_QUANT"] = cpu_kernels
-    llm = LLM(kv_cache_memory=32 << 20, max_model_len=256, enable_prefix_caching=False)
+    llm = LLM(str(model_path) if model_path else None, kv_cache_memory=32 << 20, max_model_len=256,
+              enable_prefix_caching=False)
     model = llm.engine.model
     out: dict[str, Any] = decode_weight_bytes(model)
     out["dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
@@ -155,102 +156,6 @@ def edgellm_roofline_bytes(cpu_kernels: str | None) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------ servers
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def find_llama_server(explicit: str | None) -> Path | None:
-    for cand in (explicit, os.environ.get("EDGELLM_LLAMA_SERVER"), str(LLAMA_DEFAULT)):
-        if cand and Path(cand).expanduser().is_file() and os.access(Path(cand).expanduser(), os.X_OK):
-            return Path(cand).expanduser()
-    return None
-
-
-def llama_flags(binary: Path) -> set[str]:
-    """The long options this llama-server build knows (builds differ across versions)."""
-    try:
-        proc = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=60, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return set()
-    return set(re.findall(r"--[a-z][a-z0-9-]+", proc.stdout + proc.stderr))
-
-
-class Server:
-    """A server subprocess on a free port; ready once GET /health answers 200."""
-
-    def __init__(self, name: str, cmd: list[str], port: int, log_dir: Path, env: dict[str, str] | None = None):
-        self.name = name
-        self.cmd = cmd
-        self.url = f"http://127.0.0.1:{port}"
-        self.log_path = log_dir / f"{name}.log"
-        self.env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
-        self.load_average_before = math.nan
-        self.proc: subprocess.Popen | None = None
-        self.log: Any = None
-        self.load_s = math.nan
-        # tried once, instead, when the first command dies of a signal while starting
-        self.fallback: tuple[list[str], str] | None = None
-
-    def start(self, timeout: float) -> None:
-        self.load_average_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
-        self.log = open(self.log_path, "wb")  # noqa: SIM115  (closed in stop())
-        t0 = time.monotonic()
-        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT, env=self.env, cwd=ROOT)
-        while time.monotonic() - t0 < timeout:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
-                    self.load_s = time.monotonic() - t0
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"{self.name} not ready after {timeout:.0f}s:\n{self.log_tail()}")
-
-    def start_or_fallback(self, timeout: float) -> str | None:
-        """Start; if the process crashes on a signal and a fallback is set, stop and start that
-        instead. Returns the note explaining the fallback when it was used."""
-        try:
-            self.start(timeout)
-            return None
-        except RuntimeError:
-            crashed = self.proc is not None and self.proc.returncode is not None and self.proc.returncode < 0
-            if self.fallback is None or not crashed:
-                raise
-            self.stop()
-            self.cmd, note = self.fallback
-            self.fallback = None
-            print(f"  {self.name} crashed while starting (signal {-self.proc.returncode}); {note}", flush=True)
-            self.log_path = self.log_path.with_name(self.log_path.stem + ".retry.log")
-            self.start(timeout)
-            return note
-
-    def log_tail(self, n: int = 3000) -> str:
-        if self.log is not None:
-            self.log.flush()
-        try:
-            return self.log_path.read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
-        if self.log is not None:
-            self.log.close()
-            self.log = None
-
-
 def build_servers(args: argparse.Namespace, log_dir: Path, gguf: Path) -> tuple[list[Server], dict[str, str]]:
     """The servers to run, and why any asked-for one is skipped."""
     wanted = [s.strip() for s in args.servers.split(",") if s.strip()]
@@ -263,15 +168,16 @@ def build_servers(args: argparse.Namespace, log_dir: Path, gguf: Path) -> tuple[
     torch_env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     if "edgellm" in wanted:
         port = free_port()
-        cmd = [py, "-m", "edgellm.cli", "serve", "--config", str(ROOT / "models.yaml"), "--host", "127.0.0.1",
+        source = ["--model", str(gguf)] if args.model else ["--config", str(ROOT / "models.yaml")]
+        cmd = [py, "-m", "edgellm.cli", "serve", *source, "--host", "127.0.0.1",
                "--port", str(port), "--no-access-log", *args.edgellm_arg]
-        servers.append(Server("edgellm", cmd, port, log_dir, torch_env))
+        servers.append(Server("edgellm", cmd, port, log_dir, torch_env, cwd=ROOT))
     if "hf" in wanted:
         port = free_port()
         cmd = [py, str(Path(__file__).parent / "hf_baseline_server.py"), "--model", str(gguf), "--port", str(port),
                "--max-batch-size", str(args.hf_max_batch_size), "--batch-window-ms", str(args.hf_batch_window_ms),
                "--threads", threads]
-        servers.append(Server("hf", cmd, port, log_dir, torch_env))
+        servers.append(Server("hf", cmd, port, log_dir, torch_env, cwd=ROOT))
     if "llama-server" in wanted:
         binary = find_llama_server(args.llama_server)
         if binary is None:
@@ -292,7 +198,7 @@ def build_servers(args: argparse.Namespace, log_dir: Path, gguf: Path) -> tuple[
                 cmd.append("--jinja")  # the GGUF's own chat template, as the other servers use
             if "--threads-batch" in flags:
                 cmd += ["--threads-batch", threads]
-            server = Server("llama-server", cmd, port, log_dir)
+            server = Server("llama-server", cmd, port, log_dir, cwd=ROOT)
             if "--no-repack" in flags:
                 # Some VMs list AMX in /proc/cpuinfo without letting a process use its tiles; ggml's
                 # AMX matmul (reached through weight repacking) then faults at the first graph.
@@ -476,6 +382,8 @@ def plot(report: dict[str, Any], path: Path, cdf_level: int) -> None:
 # -------------------------------------------------------------------------- main
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None,
+                    help="a GGUF file served by every server (default: the embedded default model)")
     ap.add_argument("--servers", default=",".join(SERVERS), help="comma-separated subset of " + ", ".join(SERVERS))
     ap.add_argument("--concurrency", default="1,4,16", help="comma-separated concurrency levels")
     ap.add_argument("--prompts-per-stream", type=int, default=3, help="requests per level = this x concurrency")
@@ -521,7 +429,7 @@ def main() -> int:
     from edgellm.loader import default_model_path
     from edgellm.tokenizer import Tokenizer
 
-    gguf = Path(default_model_path())
+    gguf = Path(args.model) if args.model else Path(default_model_path())
     tokenizer = Tokenizer.load(gguf, "gguf")
     if tokenizer is None:
         raise SystemExit(f"{gguf}: no tokenizer")
@@ -583,7 +491,7 @@ def main() -> int:
     if args.roofline:
         rl: dict[str, Any] = {"read_GBps": bandwidth}
         try:
-            weights = edgellm_roofline_bytes(edgellm_kernels)
+            weights = edgellm_roofline_bytes(edgellm_kernels, Path(args.model) if args.model else None)
             rl.update(weights=weights, bytes_per_token=weights["total"],
                       roofline_tok_s=bandwidth * 1e9 / weights["total"])
             single = _level(report, "edgellm", "random", 1)

@@ -17,6 +17,7 @@ CPU_PACKED = "EDGELLM_CPU_PACKED"  # 0: keep bf16 copies in the plain layout (no
 CPU_DENSE_CACHE_MB = "EDGELLM_CPU_DENSE_CACHE_MB"  # budget of dense weight copies per model
 CACHE = "EDGELLM_CACHE"  # build and conversion cache directory
 API_KEY = "EDGELLM_API_KEY"  # the server's API key when --api-key is not given
+LLAMA_SERVER = "EDGELLM_LLAMA_SERVER"  # the llama-server binary the benchmarks compare with
 TRITON_ON_CPU = "EDGELLM_TRITON_ON_CPU"  # 1 (with TRITON_INTERPRET=1): Triton kernels on CPU tensors
 
 
@@ -69,3 +70,7 @@ def triton_interpret() -> bool:
 
 def triton_on_cpu() -> bool:
     return triton_interpret() and _get(TRITON_ON_CPU) == "1"
+
+
+def llama_server() -> str | None:
+    return _get(LLAMA_SERVER)
