@@ -49,8 +49,9 @@ from typing import Any
 
 import httpx
 
+from edgellm.bench.llama_cpp import LLAMA_DEFAULT, find_llama_server, llama_flags
 from edgellm.bench.report import cpu_name
-from edgellm.bench.servers import LLAMA_DEFAULT, Server, find_llama_server, free_port, llama_flags
+from edgellm.bench.servers import Server, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -28,8 +28,9 @@ from typing import Any
 import httpx
 import torch
 
+from edgellm.bench.llama_cpp import LLAMA_DEFAULT, find_llama_server
 from edgellm.bench.report import cpu_name
-from edgellm.bench.servers import LLAMA_DEFAULT, Server, find_llama_server, free_port
+from edgellm.bench.servers import Server, free_port
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROMPTS = [

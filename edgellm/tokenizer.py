@@ -31,7 +31,16 @@ def _load_hf(path: Path, gguf_file: str | None = None) -> Any:
     kwargs: dict[str, Any] = {"local_files_only": True}
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
-    return AutoTokenizer.from_pretrained(str(path), **kwargs)
+    try:
+        return AutoTokenizer.from_pretrained(str(path), **kwargs)
+    except ValueError as exc:
+        if not gguf_file or "is not supported yet" not in str(exc):
+            raise
+    # A GGUF architecture transformers cannot build a config for (EXAONE 4): the tokenizer alone,
+    # from the file's tokenizer.ggml.* keys, needs no config.
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(str(path), **kwargs)
 
 
 def _gguf_tokenizer(gguf_path: Path) -> Any:

@@ -83,6 +83,14 @@ def tiny_config(arch: str) -> transformers.PretrainedConfig:
                              "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 2.0}},
             final_logit_softcapping=30.0,
         )
+    if arch == "gemma3_6":  # what a GGUF can say of Gemma 3: every 6th layer global, scale 1/sqrt(head_dim)
+        return transformers.Gemma3TextConfig(
+            **{**COMMON, "tie_word_embeddings": True, "num_hidden_layers": 6}, head_dim=head_dim,
+            query_pre_attn_scalar=head_dim, sliding_window=24,
+            rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                             "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 2.0}},
+            final_logit_softcapping=30.0,
+        )
     if arch == "exaone4":  # post-norms, q/k norms; hybrid: the global layer takes no rotary
         return transformers.Exaone4Config(**COMMON, head_dim=head_dim, sliding_window=24,
                                           layer_types=["sliding_attention", "full_attention"])

@@ -1,11 +1,10 @@
-"""Servers under test, for the benchmarks: a free port, the llama-server binary and its flags, and
-one subprocess wrapper that starts a server, waits for GET /health to answer 200, and stops it."""
+"""Servers under test, for the benchmarks: a free port, and one subprocess wrapper that starts a
+server, waits for GET /health to answer 200, and stops it."""
 
 from __future__ import annotations
 
 import math
 import os
-import re
 import socket
 import subprocess
 import time
@@ -14,34 +13,12 @@ from typing import Any
 
 import httpx
 
-from edgellm import env
-
-LLAMA_DEFAULT = Path.home() / ".cache" / "edgellm" / "llama.cpp" / "build" / "bin" / "llama-server"
-
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def find_llama_server(explicit: str | None) -> Path | None:
-    """The llama-server binary: `explicit`, else $EDGELLM_LLAMA_SERVER, else where
-    benchmarks/build_llama_server.sh builds it; None when none of them is an executable file."""
-    for cand in (explicit, env.llama_server(), str(LLAMA_DEFAULT)):
-        if cand and Path(cand).expanduser().is_file() and os.access(Path(cand).expanduser(), os.X_OK):
-            return Path(cand).expanduser()
-    return None
-
-
-def llama_flags(binary: Path) -> set[str]:
-    """The long options this llama-server build knows (builds differ across versions)."""
-    try:
-        proc = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=60, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return set()
-    return set(re.findall(r"--[a-z][a-z0-9-]+", proc.stdout + proc.stderr))
 
 
 class Server:

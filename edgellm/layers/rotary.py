@@ -1,5 +1,6 @@
 """Rotary position embedding (neox style, optionally partial) with the scaling
-variants of the supported families: linear, llama3, longrope (Phi-3), yarn.
+variants of the supported families: linear, llama3, longrope (Phi-3), yarn, and GGUF's
+per-frequency divisors (freq_factors, how llama.cpp stores llama3-style scaling).
 
 cos/sin are precomputed in float32 for every position exactly as transformers
 computes them (inv_freq * position, then cos/sin, then the attention factor),
@@ -100,6 +101,11 @@ class RotaryEmbedding(nn.Module):
             inv = inv / scaling["factor"]  # type: ignore[index]
         elif rope_type == "llama3":
             inv = _llama3(inv, scaling)  # type: ignore[arg-type]
+        elif rope_type == "freq_factors":  # GGUF's rope_freqs: each frequency divided by its factor
+            factors = torch.tensor(scaling["factors"], dtype=torch.float32)  # type: ignore[index]
+            if factors.numel() != inv.numel():
+                raise ValueError(f"rope freq factors: {factors.numel()} for {inv.numel()} frequencies")
+            inv = inv / factors
         elif rope_type == "yarn":
             inv, scale = _yarn(theta, self.rot_dim, scaling, model_max)  # type: ignore[arg-type]
         elif rope_type == "longrope":

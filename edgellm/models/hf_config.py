@@ -17,7 +17,8 @@ from edgellm.models.arch import Architecture
 
 _HF_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
-ROPE_TYPES = ("default", "linear", "llama3", "longrope", "yarn")
+# freq_factors: per-frequency divisors as GGUF files store llama3-style scaling (rope_freqs)
+ROPE_TYPES = ("default", "linear", "llama3", "longrope", "yarn", "freq_factors")
 
 
 def _first(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from edgellm.quant import gguf_blocks
-from edgellm.quant.gguf_arch import ARCHES, LINEAR
+from edgellm.quant.gguf_arch import ARCHES, LINEAR, ROPE_TENSORS
 from edgellm.quant.gguf_file import GGUFFile, GGUFFormatError
 from edgellm.quant.gguf_vocab import end_of_generation_ids, fallback_chat_template
 from edgellm.quant.schemes import (
@@ -121,12 +121,37 @@ class GGUFCheckpoint:
             "eos_token_id": _field(self.reader, "tokenizer.ggml.eos_token_id"),
             "torch_dtype": "float32",
         }
-        scaling = get("rope.scaling.type")
-        if scaling == "linear":
-            cfg["rope_scaling"] = {"rope_type": "linear", "factor": float(get("rope.scaling.factor"))}
-        elif scaling not in (None, "none"):
-            raise GGUFError(f"{self.path}: rope scaling {scaling!r} in GGUF is not supported")
+        rot = get("rope.dimension_count")
+        if rot is not None and int(rot) != cfg["head_dim"]:
+            cfg["partial_rotary_factor"] = int(rot) / cfg["head_dim"]
+        cfg.update(self._rope_scaling(get))
         return self.arch.finish(cfg, get) if self.arch.finish is not None else cfg
+
+    def _vector(self, name: str) -> list[float] | None:
+        from gguf.quants import dequantize
+
+        found = [t for t in self.reader.tensors if t.name == name]
+        return dequantize(found[0].data, found[0].tensor_type).reshape(-1).tolist() if found else None
+
+    def _rope_scaling(self, get: Any) -> dict[str, Any]:
+        """The config's rope_scaling from the `rope.scaling.*` keys and the rotary tensors."""
+        freqs = self._vector("rope_freqs.weight")
+        long, short = self._vector("rope_factors_long.weight"), self._vector("rope_factors_short.weight")
+        scaling = get("rope.scaling.type")
+        if freqs is not None:  # llama.cpp divides each rotary frequency by its factor
+            return {"rope_scaling": {"rope_type": "freq_factors", "factors": freqs}}
+        if long is not None and short is not None:
+            orig = get("rope.scaling.original_context_length")
+            return {"rope_scaling": {
+                "rope_type": "longrope", "long_factor": long, "short_factor": short,
+                "attention_factor": get("rope.scaling.attn_factor"),
+                **({"original_max_position_embeddings": int(orig)} if orig else {}),
+            }}
+        if scaling == "linear":
+            return {"rope_scaling": {"rope_type": "linear", "factor": float(get("rope.scaling.factor"))}}
+        if scaling not in (None, "none"):
+            raise GGUFError(f"{self.path}: rope scaling {scaling!r} in GGUF is not supported")
+        return {}
 
     def tensors(self, keep_quantized: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, tensor) for every tensor in the file: raw uint8 blocks [N, row bytes] for
@@ -137,6 +162,8 @@ class GGUFCheckpoint:
         heads = self.config["num_attention_heads"]
         kv_heads = self.config["num_key_value_heads"]
         for t in self.reader.tensors:
+            if t.name in ROPE_TENSORS:
+                continue  # in the config (_rope_scaling)
             name = self.arch.hf_name(t.name)
             if name is None:
                 raise GGUFError(f"{self.path}: unexpected tensor {t.name!r} for architecture {self.gguf_arch}")
