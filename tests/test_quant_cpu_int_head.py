@@ -6,6 +6,7 @@ the same is settled in fp32, and a row with too many candidates is recomputed wh
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -96,12 +97,36 @@ def test_masked_argmax_is_the_fp32_heads(native):
     want = F.linear(x, w)
     allowed[3] = False
     allowed[3, order[:2]] = True
-    got = head.masked(x, allowed)
     ref = want.masked_fill(~allowed, float("-inf"))
-    assert torch.equal(got.argmax(-1), ref.argmax(-1))
-    assert torch.isinf(got[~allowed]).all() and torch.isfinite(got[allowed]).all()
     top = ref.argmax(-1, keepdim=True)
-    assert torch.allclose(got.gather(1, top), ref.gather(1, top), rtol=1e-5, atol=1e-6)
+    for got in (head.masked(x, _bitmask(allowed)), head.masked_ref(x, allowed)):
+        assert torch.equal(got.argmax(-1), ref.argmax(-1))
+        assert torch.isinf(got[~allowed]).all() and torch.isfinite(got[allowed]).all()
+        assert torch.allclose(got.gather(1, top), ref.gather(1, top), rtol=1e-5, atol=1e-6)
+
+
+def _bitmask(allowed: torch.Tensor) -> torch.Tensor:
+    """bool [M, V] -> int32 [M, ceil(V / 32)], bit j of word i = token 32 i + j (xgrammar's)."""
+    pad = -allowed.shape[1] % 32
+    bits = np.packbits(np.pad(allowed.numpy(), ((0, 0), (0, pad))), axis=-1, bitorder="little")
+    return torch.from_numpy(bits.view("<i4").copy())
+
+
+def test_masked_head_takes_an_xgrammar_bitmask(native):
+    """The bitmask the grammar service hands the head (xgrammar's own, for a real grammar) gives
+    the same tokens -inf as xgrammar's own apply_token_bitmask_inplace."""
+    import xgrammar as xgr
+
+    g = torch.Generator().manual_seed(9)
+    w = _weight(g)
+    head = IntDotLogitsHead(w, native)
+    x = torch.randn(2, K, generator=g)
+    allowed = torch.rand(2, V, generator=g) < 0.3
+    bits = _bitmask(allowed)
+    want = F.linear(x, w)
+    xgr.apply_token_bitmask_inplace(want, bits, vocab_size=V)
+    got = head.masked(x, bits)
+    assert torch.equal(torch.isinf(got), torch.isinf(want)) and torch.equal(got.argmax(-1), want.argmax(-1))
 
 
 def test_matmul_warm_up_takes_a_model_with_the_int8_head(native):

@@ -134,7 +134,8 @@ class CausalLM(nn.Module):
                        allowed: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
         """[N, hidden] -> float32 [N, vocab]. argmax_only: per row, whether only its argmax matters
         (lets the CPU fast head approximate the tail); None: every logit of every row matters.
-        allowed: row -> bool [vocab], greedy rows under a grammar whose masked argmax is all that
+        allowed: row -> int32 [ceil(vocab / 32)] token bitmask (set bit = allowed; xgrammar's
+        layout), greedy rows under a grammar whose masked argmax is all that
         matters (only where the head can do it: `supports_masked_argmax`); their disallowed logits
         come back -inf."""
         logits = self._logits(hidden, argmax_only, allowed)

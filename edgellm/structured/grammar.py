@@ -25,7 +25,6 @@ import torch
 from edgellm.structured.spec import StructuredOutputError, StructuredOutputs
 
 MAX_CACHED = 256
-_SHIFTS = torch.arange(32, dtype=torch.int32)
 
 
 def _xgr() -> Any:
@@ -128,11 +127,12 @@ class GrammarService:
                                            indices=rows)
 
     def allowed(self, matcher: Matcher) -> torch.Tensor:
-        """bool [vocab]: the tokens `matcher` allows next (for a logits head that masks itself)."""
+        """int32 [ceil(vocab / 32)]: the tokens `matcher` allows next as a bitmask (bit j of word
+        i: token 32 i + j, set = allowed), for a logits head that masks itself."""
         if self._one is None:  # reused: this runs per constrained row per step
             self._one = _xgr().allocate_token_bitmask(1, self.vocab_size)
         matcher.fill(self._one, 0)
-        return ((self._one[0, :, None] >> _SHIFTS) & 1).flatten()[: self.vocab_size].bool()
+        return self._one[0].clone()
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

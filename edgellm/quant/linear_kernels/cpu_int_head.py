@@ -20,6 +20,8 @@ import torch
 
 from edgellm.quant.backends import CpuFastLogitsHead
 
+_NO_MASK = torch.empty(0, dtype=torch.int32)
+
 
 class IntDotLogitsHead(CpuFastLogitsHead):
     def __init__(self, weight: torch.Tensor, native: Any) -> None:
@@ -52,9 +54,17 @@ class IntDotLogitsHead(CpuFastLogitsHead):
         """approximate() and the fp32 recheck of the window's tokens, in one C++ call
         (edgellm/kernels/csrc/cpu/logits_head.cpp; a row over MAX_CANDIDATES is recomputed whole)."""
         return self.native.int8_argmax_logits(x.contiguous(), self.codes, self.scale, self.weight, self.w_ms,
-                                              self.err_ms, self.SIGMAS, self.MAX_CANDIDATES)
+                                              self.err_ms, self.SIGMAS, self.MAX_CANDIDATES, _NO_MASK)
 
-    def masked(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    def masked(self, x: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+        """Logits [M, V] for greedy rows under a grammar, bitmask int32 [M, ceil(V / 32)] (bit j of
+        word i: token 32 i + j, set = allowed; xgrammar's layout): as masked_ref, in one C++ call
+        that reads the bitmask words as they are."""
+        return self.native.int8_argmax_logits(x.contiguous(), self.codes, self.scale, self.weight, self.w_ms,
+                                              self.err_ms, self.SIGMAS, self.MAX_CANDIDATES,
+                                              bitmask.to(torch.int32).contiguous())
+
+    def masked_ref(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
         """Logits [M, V] for greedy rows under a grammar: -inf where allowed [M, V] (bool) is False,
         and exact fp32 for every allowed token within twice the window of the allowed maximum, so
         the masked argmax is the fp32 head's. The other allowed logits stay approximate and below."""

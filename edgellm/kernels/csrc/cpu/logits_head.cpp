@@ -20,12 +20,17 @@ namespace edgellm::cpu {
 
 at::Tensor int8_argmax_logits(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
                               const at::Tensor& weight, double w_ms, double err_ms, double sigmas,
-                              int64_t max_candidates) {
+                              int64_t max_candidates, const at::Tensor& allowed) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x: [M, K] fp32, contiguous");
   const int64_t M = x.size(0), K = x.size(1), V = codes.size(0);
   TORCH_CHECK(codes.dim() == 2 && codes.size(1) == K && codes.scalar_type() == at::kChar, "codes: [V, K] int8");
   TORCH_CHECK(weight.dim() == 2 && weight.size(0) == V && weight.size(1) == K && weight.scalar_type() == at::kFloat &&
                   weight.is_contiguous(), "weight: [V, K] fp32, contiguous");
+  const bool masked = allowed.numel() > 0;
+  const int64_t W = (V + 31) / 32;
+  TORCH_CHECK(!masked || (allowed.dim() == 2 && allowed.size(0) == M && allowed.size(1) == W &&
+                          allowed.scalar_type() == at::kInt && allowed.is_contiguous()),
+              "allowed: empty or [M, ceil(V / 32)] int32, contiguous");
   pybind11::gil_scoped_release no_gil;
   const at::Tensor none = at::empty({0}, x.options());
   at::Tensor logits = int_linear(x, codes, scale, none, 8, K, none);
@@ -36,23 +41,34 @@ at::Tensor int8_argmax_logits(const at::Tensor& x, const at::Tensor& codes, cons
   const float* xp = x.data_ptr<float>();
   const float* wp = weight.data_ptr<float>();
   float* y = logits.data_ptr<float>();
+  const int32_t* bits = masked ? allowed.data_ptr<int32_t>() : nullptr;
   const int64_t nth = std::max<int64_t>(1, at::get_num_threads());
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   for (int64_t m = 0; m < M; ++m) {
     float* ym = y + m * V;
     const float* xm = xp + m * K;
-    // the row's max and min, over the threads
-    std::vector<float> hi(nth, -std::numeric_limits<float>::infinity()), lo(nth, std::numeric_limits<float>::infinity());
-    at::parallel_for(0, V, 4096, [&](int64_t v0, int64_t v1) {
+    const int32_t* bm = masked ? bits + m * W : nullptr;
+    auto ok = [bm](int64_t v) { return ((static_cast<uint32_t>(bm[v >> 5]) >> (v & 31)) & 1u) != 0; };
+    // the row's max and min (unmasked: the bound's fp32 noise term), and the masked maximum with
+    // the disallowed logits set to -inf, over the threads; chunks are whole bitmask words
+    std::vector<float> hi(nth, kNegInf), lo(nth, -kNegInf), mhi(nth, kNegInf);
+    at::parallel_for(0, W, 128, [&](int64_t w0, int64_t w1) {
       const int64_t t = at::get_thread_num();
-      float h = hi[t], l = lo[t];
-      for (int64_t v = v0; v < v1; ++v) {
+      float h = hi[t], l = lo[t], mh = mhi[t];
+      for (int64_t v = w0 * 32, end = std::min(V, w1 * 32); v < end; ++v) {
         h = std::max(h, ym[v]);
         l = std::min(l, ym[v]);
+        if (masked) {
+          if (ok(v)) mh = std::max(mh, ym[v]);
+          else ym[v] = kNegInf;
+        }
       }
-      hi[t] = h, lo[t] = l;
+      hi[t] = h, lo[t] = l, mhi[t] = mh;
     });
     const float top = *std::max_element(hi.begin(), hi.end());
     const float bottom = *std::min_element(lo.begin(), lo.end());
+    const float mtop = masked ? *std::max_element(mhi.begin(), mhi.end()) : top;
+    if (mtop == kNegInf) continue;  // nothing allowed: the row stays -inf
     double xx = 0.0, ee = 0.0;
     for (int64_t k = 0; k < K; ++k) {
       const double e = xm[k] - static_cast<double>(a[m * K + k]) * d[m * (K / 32) + k / 32];
@@ -61,13 +77,14 @@ at::Tensor int8_argmax_logits(const at::Tensor& x, const at::Tensor& codes, cons
     }
     const float bound = static_cast<float>(sigmas * std::sqrt(xx * err_ms + ee * w_ms)) +
                         std::max(top, -bottom) * 1e-5f;
-    const float floor = top - 2 * bound;
+    const float floor = mtop - 2 * bound;
     std::vector<int64_t> cand;
     for (int64_t v = 0; v < V; ++v)
-      if (ym[v] >= floor) cand.push_back(v);
+      if (ym[v] >= floor) cand.push_back(v);  // -inf (disallowed) is below any finite floor
     if (static_cast<int64_t>(cand.size()) > max_candidates) {
       const at::Tensor row = at::linear(x.narrow(0, m, 1), weight);
-      std::copy(row.data_ptr<float>(), row.data_ptr<float>() + V, ym);
+      const float* r = row.data_ptr<float>();
+      for (int64_t v = 0; v < V; ++v) ym[v] = (!masked || ok(v)) ? r[v] : kNegInf;
       continue;
     }
     at::parallel_for(0, static_cast<int64_t>(cand.size()), 64, [&](int64_t c0, int64_t c1) {

@@ -14,8 +14,12 @@ namespace edgellm::cpu {
 // weight's rounding error and of the weight), and every token with y >= max(y) - 2B recomputed
 // in fp32 (the whole row when there are more than max_candidates of them). The argmax is the
 // fp32 head's; the other logits stay approximate and below the window.
+// allowed: empty, or int32 [M, ceil(V / 32)], a grammar's token bitmask per row (bit j of word i:
+// token 32 i + j, set = allowed, xgrammar's layout): disallowed logits are -inf, the window is
+// around the maximum over the allowed tokens (the bound B as above, from the unmasked logits) and
+// only allowed tokens are recomputed, so the masked argmax is the fp32 head's.
 at::Tensor int8_argmax_logits(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
                               const at::Tensor& weight, double w_ms, double err_ms, double sigmas,
-                              int64_t max_candidates);
+                              int64_t max_candidates, const at::Tensor& allowed);
 
 }  // namespace edgellm::cpu
