@@ -80,6 +80,9 @@ class ScriptedEngine:
     def abort(self, request_id):
         self.aborted.append(request_id)
 
+    def cache_info(self):
+        return {"block_size": "16", "cache_dtype": "auto", "enable_prefix_caching": "True", "num_gpu_blocks": "8"}
+
     def stats(self):
         return {"num_running": self.running, "num_waiting": 0, "kv_blocks_total": 8, "kv_blocks_held": 0,
                 "prefix_cache_queries": 0, "prefix_cache_hits": 0, "num_preemptions": 0}

@@ -113,6 +113,10 @@ class AsyncEngine:
     def max_model_len(self) -> int:
         return self.engine.max_model_len
 
+    def cache_info(self) -> dict[str, str]:
+        """The KV cache's configuration (fixed once built), as LLMEngine.cache_info."""
+        return self.engine.cache_info()
+
     def stats(self) -> dict[str, float]:
         with self._lock:
             s = self.engine.stats()

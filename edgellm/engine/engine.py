@@ -361,6 +361,15 @@ class LLMEngine:
     def running_request_ids(self) -> list[str]:
         return [s.request_id for s in self.scheduler.running]
 
+    def cache_info(self) -> dict[str, str]:
+        """The KV cache's configuration as vLLM's cache_config_info labels (values are str())."""
+        return {
+            "block_size": str(self.config.block_size),
+            "cache_dtype": self.config.kv_cache_dtype,
+            "enable_prefix_caching": str(bool(self.config.enable_prefix_caching)),
+            "num_gpu_blocks": str(self.block_manager.num_blocks),
+        }
+
     def stats(self) -> dict[str, float]:
         bm = self.block_manager
         return {
