@@ -57,6 +57,7 @@ def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
         kv_cache_dtype=args.kv_cache_dtype, kv_cache_memory=args.kv_cache_memory, seed=args.seed,
         chat_template=args.chat_template, architecture=getattr(args, "architecture", None),
         cpu_quant=getattr(args, "cpu_quant", None), cpu_isa=getattr(args, "cpu_isa", None),
+        scheduling_policy=getattr(args, "scheduling_policy", "fcfs"),
     )
     fields.update(overrides)
     return EngineConfig(**fields)
@@ -185,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests allowed to wait beyond --max-num-seqs before 503 + Retry-After")
     p.add_argument("--max-request-body", type=_memory, default=4 << 20,
                    help="largest request body (default 4M); bigger is a 413")
+    p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
+                   help="fcfs (default; a request 'priority' other than 0 is a 400) or priority "
+                        "(lower 'priority' runs sooner and may preempt worse-priority requests)")
     p.add_argument("--uvicorn-log-level", default="info")
     p.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True)
     add_engine_args(p)

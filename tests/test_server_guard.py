@@ -34,6 +34,7 @@ class ScriptedEngine:
 
     tokenizer = None
     max_model_len = 64
+    scheduling_policy = "fcfs"
 
     def __init__(self) -> None:
         self.engine = SimpleNamespace(config=SimpleNamespace(max_num_seqs=1, block_size=16))
@@ -56,7 +57,7 @@ class ScriptedEngine:
                                    len(ids), 0, len(tokens), 0),
             error=error)
 
-    async def generate(self, request_id, prompt, params, prepared=None):
+    async def generate(self, request_id, prompt, params, prepared=None, priority=0):
         ids = list(prompt)
         kind = ids[0]
         self.running += 1

@@ -104,6 +104,11 @@ class BlockManager:
 
     def can_allocate_prefix(self, seq: Sequence, num_new_tokens: int, extra: bytes = b"") -> bool:
         """Would admitting `seq` with `num_new_tokens` this step fit, counting cache hits?"""
+        return self.blocks_to_admit(seq, num_new_tokens, extra) <= self.num_free_blocks
+
+    def blocks_to_admit(self, seq: Sequence, num_new_tokens: int, extra: bytes = b"") -> int:
+        """Free-list blocks that admitting `seq` with `num_new_tokens` this step would take: new
+        blocks plus cached blocks that sit in the free list (reused, so no longer free)."""
         if self.enable_prefix_caching and not seq.want_prompt_logits:
             max_blocks = (seq.num_tokens - 1) // self.block_size
             reused_free = 0
@@ -119,7 +124,7 @@ class BlockManager:
             covered = reused_free = hit_blocks = 0
         new_total = covered + min(num_new_tokens, seq.num_tokens - covered)
         need = self.blocks_needed(new_total) - hit_blocks
-        return need <= self.num_free_blocks - reused_free
+        return need + reused_free
 
     def ensure_slots(self, seq: Sequence, num_total_tokens: int) -> bool:
         """Grow the block table to hold `num_total_tokens`; False (and no change) if it cannot."""

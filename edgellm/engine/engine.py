@@ -29,8 +29,8 @@ from edgellm.engine.output import (
 from edgellm.engine.runner import ModelRunner, kv_cache_bytes_per_block
 from edgellm.engine.scheduler import Scheduler
 from edgellm.engine.sequence import FinishReason, Sequence, Status
-from edgellm.platform import Platform
 from edgellm.loader import CheckpointError, load_model, model_config, resolve_checkpoint
+from edgellm.platform import Platform
 from edgellm.sampling import Sampler, SamplingParams
 from edgellm.structured.grammar import GrammarService
 from edgellm.tokenizer import Tokenizer
@@ -127,7 +127,8 @@ class LLMEngine:
         )
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
-            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, self._cache_key
+            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, self._cache_key,
+            policy=config.scheduling_policy,
         )
         # structured outputs: grammars compiled on their own thread, masks applied in the sampler
         self.grammars = (GrammarService(self.tokenizer.hf, mcfg.vocab_size, self.eos_token_ids)
@@ -168,17 +169,21 @@ class LLMEngine:
         params: SamplingParams | None = None,
         want_prompt_logits: bool = False,
         grammar: Any = None,
+        priority: int = 0,
     ) -> None:
         """grammar: the compiled grammar of params.structured_outputs (from grammar_future); compiled
-        here, on the caller's thread, when not given."""
+        here, on the caller's thread, when not given. priority: lower runs sooner; anything but 0
+        needs the priority scheduling policy (ValueError otherwise, as vLLM)."""
         params = params or SamplingParams()
         if request_id in self.seqs:
             raise ValueError(f"request id {request_id!r} is already in use")
+        self.validate_priority(priority)
         text, ids = self.tokenize_prompt(prompt)
         self.validate_prompt(ids, params)
         if params.stop_strings and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this model has none")
-        seq = Sequence(request_id, ids, params, self.eos_token_ids, next(self._counter), want_prompt_logits)
+        seq = Sequence(request_id, ids, params, self.eos_token_ids, next(self._counter), want_prompt_logits,
+                       priority=priority)
         if params.structured_outputs is not None:
             grammar = grammar if grammar is not None else self.grammar_future(params).result()
             seq.grammar = self.grammars.matcher(grammar)  # type: ignore[union-attr]
@@ -192,6 +197,13 @@ class LLMEngine:
         if self.grammars is None:
             raise ValueError("structured outputs need a tokenizer; this model has none")
         return self.grammars.compile_future(params.structured_outputs)  # type: ignore[arg-type]
+
+    def validate_priority(self, priority: int) -> None:
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError(f"priority must be an integer, got {priority!r}")
+        if priority != 0 and self.config.scheduling_policy != "priority":
+            raise ValueError(f"Got priority {priority} but priority scheduling is not enabled "
+                             f"(start the engine with scheduling_policy='priority')")
 
     def validate_prompt(self, ids: list[int], params: SamplingParams) -> None:
         if not ids:
