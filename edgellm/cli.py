@@ -44,9 +44,22 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="cap the instruction-set level of the CPU kernels (default: $EDGELLM_CPU_ISA, else "
                         "what this CPU has)")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--kv-events-config", type=_kv_events_config, default=None,
+                   help="KV-cache events as vLLM publishes them, JSON: {\"enable_kv_cache_events\": true, "
+                        "\"publisher\": \"zmq\", \"endpoint\": \"tcp://127.0.0.1:5557\", "
+                        "\"replay_endpoint\": ..., \"topic\": ...}")
     g.add_argument("--chat-template", default=None, help="a Jinja chat template (file or string)")
     g.add_argument("--architecture", default=None,
                    help="override the checkpoint's architecture (llama, mistral, qwen2, phi3, exaone)")
+
+
+def _kv_events_config(text: str) -> Any:
+    from edgellm.engine.kv_publisher import KVEventsConfig
+
+    try:
+        return KVEventsConfig.from_json(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
@@ -58,6 +71,7 @@ def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
         chat_template=args.chat_template, architecture=getattr(args, "architecture", None),
         cpu_quant=getattr(args, "cpu_quant", None), cpu_isa=getattr(args, "cpu_isa", None),
         scheduling_policy=getattr(args, "scheduling_policy", "fcfs"),
+        kv_events=getattr(args, "kv_events_config", None),
     )
     fields.update(overrides)
     return EngineConfig(**fields)

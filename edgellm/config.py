@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from edgellm.engine.kv_publisher import KVEventsConfig
 
 _DTYPES = {
     "float32": torch.float32,
@@ -140,6 +143,7 @@ class EngineConfig:
     cpu_isa: str | None = None  # cap the CPU kernels' ISA level (avx2 | avx512 | amx); None: $EDGELLM_CPU_ISA
     # "fcfs" or "priority" (requests' priority field: lower runs sooner; engine/request_queue.py)
     scheduling_policy: str = "fcfs"
+    kv_events: KVEventsConfig | None = None  # --kv-events-config: publish KV-cache events (vLLM's)
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):

@@ -273,6 +273,7 @@ class AsyncEngine:
             logger.critical("the engine loop stopped: %s: %s", type(exc).__name__, exc, exc_info=True)
             self._dead = exc
         finally:
+            self.engine.close()
             if self._dead is None:
                 self._dead = EngineDeadError("engine shut down")
             # tell every listener, including requests that arrived after the loop ended

@@ -19,6 +19,7 @@ import torch
 
 from edgellm.config import EngineConfig, ModelConfig
 from edgellm.engine.block_manager import BlockManager
+from edgellm.engine.kv_publisher import make_publisher
 from edgellm.engine.output import (
     CompletionOutput,
     RequestMetrics,
@@ -125,7 +126,10 @@ class LLMEngine:
             num_blocks, config.block_size, capacity, num_blocks * per_block / 2**20,
             str(self.kv_dtype).replace("torch.", ""), self.max_model_len,
         )
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        # KV-cache events: recorded by the block manager, published off this thread
+        self.kv_publisher = make_publisher(config.kv_events)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
+                                          record_events=self.kv_publisher is not None)
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, self._cache_key,
             policy=config.scheduling_policy,
@@ -242,6 +246,7 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         self.step_request_ids = [item.seq.request_id for item in sched.scheduled]
         if not sched:
+            self._publish_kv_events()
             return []
         now = time.monotonic()
         for item in sched.scheduled:
@@ -274,7 +279,20 @@ class LLMEngine:
                 outputs.append(self._finalize(seq))
                 continue
             outputs.append(self._append_token(seq, token, result.logprobs.get(seq.request_id), now))
+        self._publish_kv_events()
         return outputs
+
+    def _publish_kv_events(self) -> None:
+        if self.kv_publisher is not None:
+            events = self.block_manager.take_events()
+            if events:
+                self.kv_publisher.publish(time.time(), events)
+
+    def close(self) -> None:
+        """Flush and stop the KV event publisher (the engine itself holds nothing else to close)."""
+        if self.kv_publisher is not None:
+            self._publish_kv_events()
+            self.kv_publisher.close()
 
     def _append_token(
         self, seq: Sequence, token: int, logprob: tuple[float, list[tuple[int, float]]] | None, now: float
