@@ -44,9 +44,22 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="cap the instruction-set level of the CPU kernels (default: $EDGELLM_CPU_ISA, else "
                         "what this CPU has)")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--kv-events-config", type=_kv_events_config, default=None,
+                   help="KV-cache events as vLLM publishes them, JSON: {\"enable_kv_cache_events\": true, "
+                        "\"publisher\": \"zmq\", \"endpoint\": \"tcp://127.0.0.1:5557\", "
+                        "\"replay_endpoint\": ..., \"topic\": ...}")
     g.add_argument("--chat-template", default=None, help="a Jinja chat template (file or string)")
     g.add_argument("--architecture", default=None,
                    help="override the checkpoint's architecture (llama, mistral, qwen2, phi3, exaone)")
+
+
+def _kv_events_config(text: str) -> Any:
+    from edgellm.engine.kv_publisher import KVEventsConfig
+
+    try:
+        return KVEventsConfig.from_json(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
@@ -57,6 +70,8 @@ def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
         kv_cache_dtype=args.kv_cache_dtype, kv_cache_memory=args.kv_cache_memory, seed=args.seed,
         chat_template=args.chat_template, architecture=getattr(args, "architecture", None),
         cpu_quant=getattr(args, "cpu_quant", None), cpu_isa=getattr(args, "cpu_isa", None),
+        scheduling_policy=getattr(args, "scheduling_policy", "fcfs"),
+        kv_events=getattr(args, "kv_events_config", None),
     )
     fields.update(overrides)
     return EngineConfig(**fields)
@@ -185,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests allowed to wait beyond --max-num-seqs before 503 + Retry-After")
     p.add_argument("--max-request-body", type=_memory, default=4 << 20,
                    help="largest request body (default 4M); bigger is a 413")
+    p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
+                   help="fcfs (default; a request 'priority' other than 0 is a 400) or priority "
+                        "(lower 'priority' runs sooner and may preempt worse-priority requests)")
     p.add_argument("--uvicorn-log-level", default="info")
     p.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True)
     add_engine_args(p)

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from edgellm.engine.kv_publisher import KVEventsConfig
 
 _DTYPES = {
     "float32": torch.float32,
@@ -138,6 +141,9 @@ class EngineConfig:
     # $EDGELLM_CPU_QUANT, else auto
     cpu_quant: str | None = None
     cpu_isa: str | None = None  # cap the CPU kernels' ISA level (avx2 | avx512 | amx); None: $EDGELLM_CPU_ISA
+    # "fcfs" or "priority" (requests' priority field: lower runs sooner; engine/request_queue.py)
+    scheduling_policy: str = "fcfs"
+    kv_events: KVEventsConfig | None = None  # --kv-events-config: publish KV-cache events (vLLM's)
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
@@ -158,4 +164,6 @@ class EngineConfig:
             raise ValueError(f"cpu_quant must be auto, exact or fast, got {self.cpu_quant!r}")
         if self.cpu_isa is not None and self.cpu_isa not in ("avx2", "avx512", "amx"):
             raise ValueError(f"cpu_isa must be avx2, avx512 or amx, got {self.cpu_isa!r}")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be fcfs or priority, got {self.scheduling_policy!r}")
         self.torch_dtype = parse_dtype(self.dtype, self.device)

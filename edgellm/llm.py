@@ -14,7 +14,13 @@ from edgellm.config import EngineConfig
 from edgellm.engine.engine import LLMEngine
 from edgellm.engine.output import CompletionOutput, RequestOutput
 from edgellm.sampling import SamplingParams
-from edgellm.tools.spec import ToolPlan, parse_output, plan, template_takes_tools, with_generic_prompt
+from edgellm.tools.spec import (
+    ToolPlan,
+    parse_output,
+    plan,
+    template_takes_tools,
+    with_generic_prompt,
+)
 
 Prompt = str | Seq[int]
 
@@ -86,8 +92,12 @@ class LLM:
         prompts: Prompt | Seq[Prompt],
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
         use_tqdm: bool = False,
+        priority: Seq[int] | None = None,
     ) -> list[RequestOutput]:
-        """Run all prompts together (continuously batched); outputs in prompt order."""
+        """Run all prompts together (continuously batched); outputs in prompt order.
+
+        priority: one per prompt, as vLLM's (lower runs sooner); needs scheduling_policy="priority"
+        unless every value is 0."""
         items = _as_prompt_list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params or SamplingParams()] * len(items)
@@ -95,15 +105,18 @@ class LLM:
             params_list = list(sampling_params)
             if len(params_list) != len(items):
                 raise ValueError("give one SamplingParams, or one per prompt")
+        priorities = [0] * len(items) if priority is None else list(priority)
+        if len(priorities) != len(items):
+            raise ValueError("give one priority per prompt")
         groups: list[list[str]] = []
         added: list[str] = []
         try:
-            for prompt, params in zip(items, params_list):
+            for prompt, params, prio in zip(items, params_list, priorities):
                 base = str(next(self._ids))
                 ids = []
                 for j, p in enumerate(expand_n(params)):
                     rid = f"{base}-{j}"
-                    self.engine.add_request(rid, prompt, p)
+                    self.engine.add_request(rid, prompt, p, priority=prio)
                     added.append(rid)
                     ids.append(rid)
                 groups.append(ids)

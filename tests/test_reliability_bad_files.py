@@ -23,7 +23,7 @@ from edgellm.engine.async_engine import AsyncEngine
 from edgellm.loader import default_model_path
 from edgellm.server.app import create_app
 from edgellm.server.serving import ServedModel
-from tests.serverutil import ThreadServer
+from tests.serverutil import ThreadServer, free_port
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +190,7 @@ def test_not_a_model_file(tmp_path):
 
 # ------------------------------------------------------- edgellm serve
 def serve_fails(args: list[str], cwd: Path) -> str:
-    proc = subprocess.run([sys.executable, "-m", "edgellm.cli", "serve", "--port", "1", *args],
+    proc = subprocess.run([sys.executable, "-m", "edgellm.cli", "serve", "--port", str(free_port()), *args],
                           capture_output=True, text=True, timeout=300, cwd=cwd, check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-2000:]

@@ -20,7 +20,7 @@ import httpx
 import pytest
 import uvicorn
 
-from edgellm.server import app as app_module
+from edgellm.server import guard as guard_module
 from edgellm.server import launch
 from edgellm.server.app import ServerSettings, create_app
 from edgellm.server.serving import ServedModel
@@ -111,12 +111,12 @@ def test_key_is_compared_in_constant_time(keyed, monkeypatch):
         calls.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr(app_module.hmac, "compare_digest", spy)
+    monkeypatch.setattr(guard_module.hmac, "compare_digest", spy)
     for token in ("-", "x", KEY[:-1], KEY + "x", KEY.upper(), KEY):
         httpx.get(keyed.url + "/v1/models", headers={"Authorization": f"Bearer {token}"})
     assert len(calls) == 6 and all(b == KEY.encode() for _, b in calls)
     # and nothing else in the guard compares the key: no ==, !=, startswith or `in` on it
-    src = Path(app_module.__file__).read_text()
+    src = Path(guard_module.__file__).read_text()
     guard = ast.get_source_segment(src, next(n for n in ast.parse(src).body
                                             if isinstance(n, ast.ClassDef) and n.name == "Guard"))
     assert "compare_digest(token, self.key)" in guard

@@ -429,7 +429,7 @@ def test_content_parts_unknown_fields_user_and_max_completion_tokens(client):
     parts = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": [{"type": "text", "text": "What color "},
                                                             {"type": "text", "text": "is the sky?"}]}],
-        max_tokens=10, temperature=0, user="caller-42", extra_body={"frobnicate": {"x": 1}, "priority": 3})
+        max_tokens=10, temperature=0, user="caller-42", extra_body={"frobnicate": {"x": 1}, "service_tier": "auto", "priority": 0})
     assert parts.choices[0].message.content == plain.choices[0].message.content
     capped = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": q}],
                                             max_completion_tokens=3, temperature=0)

@@ -34,6 +34,7 @@ class ScriptedEngine:
 
     tokenizer = None
     max_model_len = 64
+    scheduling_policy = "fcfs"
 
     def __init__(self) -> None:
         self.engine = SimpleNamespace(config=SimpleNamespace(max_num_seqs=1, block_size=16))
@@ -56,7 +57,7 @@ class ScriptedEngine:
                                    len(ids), 0, len(tokens), 0),
             error=error)
 
-    async def generate(self, request_id, prompt, params, prepared=None):
+    async def generate(self, request_id, prompt, params, prepared=None, priority=0):
         ids = list(prompt)
         kind = ids[0]
         self.running += 1
@@ -79,6 +80,9 @@ class ScriptedEngine:
 
     def abort(self, request_id):
         self.aborted.append(request_id)
+
+    def cache_info(self):
+        return {"block_size": "16", "cache_dtype": "auto", "enable_prefix_caching": "True", "num_gpu_blocks": "8"}
 
     def stats(self):
         return {"num_running": self.running, "num_waiting": 0, "kv_blocks_total": 8, "kv_blocks_held": 0,

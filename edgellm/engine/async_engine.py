@@ -40,6 +40,7 @@ class _Add:
     params: SamplingParams
     stream: _Stream
     grammar: Any = None  # the compiled structured-output grammar
+    priority: int = 0
 
 
 class _Stream:
@@ -90,7 +91,7 @@ class AsyncEngine:
             try:
                 self.engine = LLMEngine(engine)
                 warm_matmuls(self.engine)  # on this thread too, for the same reason
-            except BaseException as exc:  # handed to the constructor's caller
+            except BaseException as exc:  # noqa: BLE001  (handed to the constructor's caller)
                 failure.append(exc)
                 return
             finally:
@@ -112,6 +113,14 @@ class AsyncEngine:
     @property
     def max_model_len(self) -> int:
         return self.engine.max_model_len
+
+    @property
+    def scheduling_policy(self) -> str:
+        return self.engine.config.scheduling_policy
+
+    def cache_info(self) -> dict[str, str]:
+        """The KV cache's configuration (fixed once built), as LLMEngine.cache_info."""
+        return self.engine.cache_info()
 
     def stats(self) -> dict[str, float]:
         with self._lock:
@@ -146,10 +155,13 @@ class AsyncEngine:
         prompt: str | Seq[int],
         params: SamplingParams,
         prepared: tuple[str | None, list[int]] | None = None,
+        priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
-        """Submit a request and stream its outputs; closing the stream aborts the request."""
+        """Submit a request and stream its outputs; closing the stream aborts the request.
+        priority: lower runs sooner (the priority scheduling policy; ValueError if not 0 under fcfs)."""
         if self._dead is not None:
             raise EngineDeadError(f"the engine has stopped: {self._dead}")
+        self.engine.validate_priority(priority)
         text, ids = prepared or self.prepare(prompt, params)
         grammar = None
         if params.structured_outputs is not None:
@@ -162,7 +174,7 @@ class AsyncEngine:
             if request_id in self._streams:
                 raise ValueError(f"request id {request_id!r} is already in use")
             self._streams[request_id] = stream
-            self._adds.append(_Add(request_id, ids, text, params, stream, grammar))
+            self._adds.append(_Add(request_id, ids, text, params, stream, grammar, priority))
             self._wake.notify()
         try:
             while True:
@@ -218,7 +230,8 @@ class AsyncEngine:
                     self._streams.pop(add.request_id, None)
                 continue
             try:
-                self.engine.add_request(add.request_id, add.prompt_ids, add.params, grammar=add.grammar)
+                self.engine.add_request(add.request_id, add.prompt_ids, add.params, grammar=add.grammar,
+                                        priority=add.priority)
                 self.engine.prompts[add.request_id] = add.prompt_text
             except Exception as exc:  # noqa: BLE001  (handed to the caller)
                 with self._lock:
@@ -260,6 +273,7 @@ class AsyncEngine:
             logger.critical("the engine loop stopped: %s: %s", type(exc).__name__, exc, exc_info=True)
             self._dead = exc
         finally:
+            self.engine.close()
             if self._dead is None:
                 self._dead = EngineDeadError("engine shut down")
             # tell every listener, including requests that arrived after the loop ended

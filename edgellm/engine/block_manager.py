@@ -6,6 +6,11 @@ reuses every leading block whose hash is cached. Freed blocks keep their hash
 and stay reusable until they are taken for new data: the free list is the LRU
 order (front = evicted first). A sequence frees its blocks tail first, so the
 tail of a prompt is evicted before its shared head.
+
+With record_events, every change to the prefix cache is recorded as a KV-cache event
+(engine/kv_events.py): BlockStored when full blocks get their hash, BlockRemoved when a cached
+block is evicted or uncached, AllBlocksCleared when a reset empties the cache. The engine takes
+them once per step (take_events) for its publisher.
 """
 
 from __future__ import annotations
@@ -15,6 +20,13 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence as Seq
 
+from edgellm.engine.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVCacheEvent,
+    external_hash,
+)
 from edgellm.engine.sequence import Sequence
 
 
@@ -36,7 +48,8 @@ class Block:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 record_events: bool = False) -> None:
         if num_blocks < 1:
             raise ValueError("the KV cache needs at least one block")
         self.block_size = block_size
@@ -48,6 +61,18 @@ class BlockManager:
         self._seq_hashes: dict[str, list[bytes]] = {}
         self.prefix_queries = 0  # tokens looked up
         self.prefix_hits = 0  # tokens found
+        self.events: list[KVCacheEvent] | None = [] if record_events else None
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """The events recorded since the last call, oldest first (none without record_events)."""
+        if not self.events:
+            return []
+        events, self.events = self.events, []
+        return events
+
+    def _removed(self, digest: bytes) -> None:
+        if self.events is not None:
+            self.events.append(BlockRemoved([external_hash(digest)]))
 
     # ----------------------------------------------------------------- queries
     @property
@@ -104,6 +129,11 @@ class BlockManager:
 
     def can_allocate_prefix(self, seq: Sequence, num_new_tokens: int, extra: bytes = b"") -> bool:
         """Would admitting `seq` with `num_new_tokens` this step fit, counting cache hits?"""
+        return self.blocks_to_admit(seq, num_new_tokens, extra) <= self.num_free_blocks
+
+    def blocks_to_admit(self, seq: Sequence, num_new_tokens: int, extra: bytes = b"") -> int:
+        """Free-list blocks that admitting `seq` with `num_new_tokens` this step would take: new
+        blocks plus cached blocks that sit in the free list (reused, so no longer free)."""
         if self.enable_prefix_caching and not seq.want_prompt_logits:
             max_blocks = (seq.num_tokens - 1) // self.block_size
             reused_free = 0
@@ -119,7 +149,7 @@ class BlockManager:
             covered = reused_free = hit_blocks = 0
         new_total = covered + min(num_new_tokens, seq.num_tokens - covered)
         need = self.blocks_needed(new_total) - hit_blocks
-        return need <= self.num_free_blocks - reused_free
+        return need + reused_free
 
     def ensure_slots(self, seq: Sequence, num_total_tokens: int) -> bool:
         """Grow the block table to hold `num_total_tokens`; False (and no change) if it cannot."""
@@ -138,6 +168,7 @@ class BlockManager:
         if block.hash is not None:
             if self.cached.get(block.hash) == block_id:
                 del self.cached[block.hash]  # evicted: least recently used first
+                self._removed(block.hash)
             block.hash = None
         block.ref_count = 1
         return block_id
@@ -148,6 +179,7 @@ class BlockManager:
             return
         num_full = min(num_computed_tokens // self.block_size, len(seq.block_table))
         hashes = self._hashes(seq, num_full, extra)
+        stored: list[int] = []
         for i in range(num_full):
             block = self.blocks[seq.block_table[i]]
             if block.hash is not None:
@@ -157,6 +189,25 @@ class BlockManager:
                 continue  # the same prefix already sits in another block
             block.hash = h
             self.cached[h] = block.block_id
+            stored.append(i)
+        if stored and self.events is not None:
+            self._record_stored(seq, hashes, stored)
+
+    def _record_stored(self, seq: Sequence, hashes: list[bytes], indices: list[int]) -> None:
+        """One BlockStored per run of consecutive newly cached blocks, chained to its parent."""
+        bs = self.block_size
+        runs: list[list[int]] = []
+        for i in indices:
+            if runs and runs[-1][-1] == i - 1:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+        for run in runs:
+            first, last = run[0], run[-1]
+            parent = external_hash(hashes[first - 1]) if first > 0 else None
+            self.events.append(BlockStored(  # type: ignore[union-attr]
+                [external_hash(hashes[i]) for i in run], parent,
+                list(seq.token_ids[first * bs:(last + 1) * bs]), bs))
 
     def free(self, seq: Sequence) -> None:
         for block_id in reversed(seq.block_table):
@@ -178,6 +229,7 @@ class BlockManager:
             if block.ref_count == 1 and block.hash is not None:
                 if self.cached.get(block.hash) == block_id:
                     del self.cached[block.hash]
+                    self._removed(block.hash)
                 block.hash = None
 
     def forget(self, seq: Sequence) -> None:
@@ -185,7 +237,14 @@ class BlockManager:
         self._seq_hashes.pop(seq.request_id, None)
 
     def reset_prefix_cache(self) -> None:
+        """Forget every cached block no live sequence holds."""
         for block in self.blocks:
             if block.ref_count == 0:
                 block.hash = None
-        self.cached = {h: b for h, b in self.cached.items() if self.blocks[b].hash == h}
+        kept = {h: b for h, b in self.cached.items() if self.blocks[b].hash == h}
+        if self.events is not None and len(kept) < len(self.cached):
+            if kept:
+                self.events.append(BlockRemoved([external_hash(h) for h in self.cached if h not in kept]))
+            else:
+                self.events.append(AllBlocksCleared())
+        self.cached = kept

@@ -19,6 +19,7 @@ import torch
 
 from edgellm.config import EngineConfig, ModelConfig
 from edgellm.engine.block_manager import BlockManager
+from edgellm.engine.kv_publisher import make_publisher
 from edgellm.engine.output import (
     CompletionOutput,
     RequestMetrics,
@@ -29,8 +30,8 @@ from edgellm.engine.output import (
 from edgellm.engine.runner import ModelRunner, kv_cache_bytes_per_block
 from edgellm.engine.scheduler import Scheduler
 from edgellm.engine.sequence import FinishReason, Sequence, Status
-from edgellm.platform import Platform
 from edgellm.loader import CheckpointError, load_model, model_config, resolve_checkpoint
+from edgellm.platform import Platform
 from edgellm.sampling import Sampler, SamplingParams
 from edgellm.structured.grammar import GrammarService
 from edgellm.tokenizer import Tokenizer
@@ -125,9 +126,13 @@ class LLMEngine:
             num_blocks, config.block_size, capacity, num_blocks * per_block / 2**20,
             str(self.kv_dtype).replace("torch.", ""), self.max_model_len,
         )
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        # KV-cache events: recorded by the block manager, published off this thread
+        self.kv_publisher = make_publisher(config.kv_events)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
+                                          record_events=self.kv_publisher is not None)
         self.scheduler = Scheduler(
-            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, self._cache_key
+            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, self._cache_key,
+            policy=config.scheduling_policy,
         )
         # structured outputs: grammars compiled on their own thread, masks applied in the sampler
         self.grammars = (GrammarService(self.tokenizer.hf, mcfg.vocab_size, self.eos_token_ids)
@@ -168,17 +173,21 @@ class LLMEngine:
         params: SamplingParams | None = None,
         want_prompt_logits: bool = False,
         grammar: Any = None,
+        priority: int = 0,
     ) -> None:
         """grammar: the compiled grammar of params.structured_outputs (from grammar_future); compiled
-        here, on the caller's thread, when not given."""
+        here, on the caller's thread, when not given. priority: lower runs sooner; anything but 0
+        needs the priority scheduling policy (ValueError otherwise, as vLLM)."""
         params = params or SamplingParams()
         if request_id in self.seqs:
             raise ValueError(f"request id {request_id!r} is already in use")
+        self.validate_priority(priority)
         text, ids = self.tokenize_prompt(prompt)
         self.validate_prompt(ids, params)
         if params.stop_strings and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this model has none")
-        seq = Sequence(request_id, ids, params, self.eos_token_ids, next(self._counter), want_prompt_logits)
+        seq = Sequence(request_id, ids, params, self.eos_token_ids, next(self._counter), want_prompt_logits,
+                       priority=priority)
         if params.structured_outputs is not None:
             grammar = grammar if grammar is not None else self.grammar_future(params).result()
             seq.grammar = self.grammars.matcher(grammar)  # type: ignore[union-attr]
@@ -192,6 +201,13 @@ class LLMEngine:
         if self.grammars is None:
             raise ValueError("structured outputs need a tokenizer; this model has none")
         return self.grammars.compile_future(params.structured_outputs)  # type: ignore[arg-type]
+
+    def validate_priority(self, priority: int) -> None:
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError(f"priority must be an integer, got {priority!r}")
+        if priority != 0 and self.config.scheduling_policy != "priority":
+            raise ValueError(f"Got priority {priority} but priority scheduling is not enabled "
+                             f"(start the engine with scheduling_policy='priority')")
 
     def validate_prompt(self, ids: list[int], params: SamplingParams) -> None:
         if not ids:
@@ -230,6 +246,7 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         self.step_request_ids = [item.seq.request_id for item in sched.scheduled]
         if not sched:
+            self._publish_kv_events()
             return []
         now = time.monotonic()
         for item in sched.scheduled:
@@ -262,7 +279,20 @@ class LLMEngine:
                 outputs.append(self._finalize(seq))
                 continue
             outputs.append(self._append_token(seq, token, result.logprobs.get(seq.request_id), now))
+        self._publish_kv_events()
         return outputs
+
+    def _publish_kv_events(self) -> None:
+        if self.kv_publisher is not None:
+            events = self.block_manager.take_events()
+            if events:
+                self.kv_publisher.publish(time.time(), events)
+
+    def close(self) -> None:
+        """Flush and stop the KV event publisher (the engine itself holds nothing else to close)."""
+        if self.kv_publisher is not None:
+            self._publish_kv_events()
+            self.kv_publisher.close()
 
     def _append_token(
         self, seq: Sequence, token: int, logprob: tuple[float, list[tuple[int, float]]] | None, now: float
@@ -360,6 +390,15 @@ class LLMEngine:
 
     def running_request_ids(self) -> list[str]:
         return [s.request_id for s in self.scheduler.running]
+
+    def cache_info(self) -> dict[str, str]:
+        """The KV cache's configuration as vLLM's cache_config_info labels (values are str())."""
+        return {
+            "block_size": str(self.config.block_size),
+            "cache_dtype": self.config.kv_cache_dtype,
+            "enable_prefix_caching": str(bool(self.config.enable_prefix_caching)),
+            "num_gpu_blocks": str(self.block_manager.num_blocks),
+        }
 
     def stats(self) -> dict[str, float]:
         bm = self.block_manager

@@ -44,6 +44,7 @@ class Sequence:
         eos_token_ids: list[int],
         arrival_index: int,
         want_prompt_logits: bool = False,
+        priority: int = 0,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -52,6 +53,8 @@ class Sequence:
         self.params = params
         self.eos_token_ids = [] if params.ignore_eos else list(eos_token_ids)
         self.arrival_index = arrival_index  # admission order, for preemption
+        self.priority = priority  # lower runs sooner (the priority scheduling policy)
+        self.arrival_order = arrival_index  # the scheduler's arrival counter (set when added)
         self.status = Status.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache (first admission)

@@ -1,7 +1,8 @@
-"""The FastAPI app: OpenAI routes, /health, /metrics, API-key and body-size guard.
+"""The FastAPI app: OpenAI routes, /health, /metrics.
 
 Bodies are read and parsed here (not by FastAPI's injector) so that the
-order of checks is fixed: headers (431) -> key (401) -> size (413) -> JSON and types (400) ->
+order of checks is fixed: headers (431) -> key (401) -> size (413) (those three in
+server/guard.py) -> model still loading (503, server/readiness.py) -> JSON and types (400) ->
 model (404) -> prompt and parameters (400) -> queue bound (503). When the
 queue is already full, the 503 comes first, before the body is even read, so
 that a flood costs next to nothing. /openapi.json describes the request
@@ -12,12 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -26,11 +25,13 @@ from pydantic import BaseModel, ValidationError
 from pydantic.json_schema import models_json_schema
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from edgellm.server.errors import APIError, bad_request, from_validation_error, install_handlers
+from edgellm.server.guard import Guard, ServerSettings, body_too_big
 from edgellm.server.metrics import CONTENT_TYPE, ServerMetrics
 from edgellm.server.protocol import ChatCompletionRequest, CompletionRequest
+from edgellm.server.readiness import Readiness
 from edgellm.server.responses import complete, stream
 from edgellm.server.serving import ClientGone, Run, ServedModel, prepare
 from edgellm.structured import StructuredOutputError
@@ -39,60 +40,7 @@ logger = logging.getLogger(__name__)
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
-
-@dataclass
-class ServerSettings:
-    api_key: str | None = None
-    metrics_public: bool = False  # serve /metrics without the API key
-    max_body_bytes: int = 4 << 20
-    max_header_bytes: int = 16 << 10  # request target + header names and values
-
-
-class Guard:
-    """Header size limit (431); API key (constant-time compare) on every path but /health (and
-    /metrics when public); bodies over the size limit are refused from their Content-Length before
-    any is read."""
-
-    def __init__(self, app: ASGIApp, settings: ServerSettings) -> None:
-        self.app = app
-        self.settings = settings
-        self.key = settings.api_key.encode() if settings.api_key else None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        path = scope["path"]
-        raw_headers = scope.get("headers") or []
-        # h11 bounds what it buffers before a header block is complete; a complete block that is
-        # still too big (it arrived in one read) is refused here, before anything else
-        size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") \
-            + sum(len(k) + len(v) + 4 for k, v in raw_headers)
-        if size > self.settings.max_header_bytes:
-            err = APIError(431, f"The request's headers are larger than this server's limit of "
-                                f"{self.settings.max_header_bytes} bytes.", code="request_header_fields_too_large")
-            await err.response()(scope, receive, send)
-            return
-        headers = dict(raw_headers)
-        open_path = path == "/health" or (path == "/metrics" and self.settings.metrics_public)
-        if self.key is not None and not open_path:
-            auth = headers.get(b"authorization", b"")
-            token = auth[7:].strip() if auth[:7].lower() == b"bearer " else b""
-            if not hmac.compare_digest(token, self.key):
-                err = APIError(401, "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>'.",
-                               code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-                await err.response()(scope, receive, send)
-                return
-        length = headers.get(b"content-length")
-        if length is not None:
-            try:
-                too_big = int(length) > self.settings.max_body_bytes
-            except ValueError:
-                too_big = False
-            if too_big:
-                await _too_big(self.settings.max_body_bytes).response()(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+__all__ = ["ServerSettings", "create_app"]
 
 
 _INLINE_PREPARE_BYTES = 32 * 1024
@@ -106,18 +54,13 @@ def _prepare_pool() -> ThreadPoolExecutor:
     return _PREPARE_POOL
 
 
-def _too_big(limit: int) -> APIError:
-    return APIError(413, f"The request body is larger than this server's limit of {limit} bytes.",
-                    code="request_too_large")
-
-
 async def _read_body(request: Request, limit: int) -> bytes:
     body = bytearray()
     try:
         async for chunk in request.stream():
             body += chunk
             if len(body) > limit:
-                raise _too_big(limit)
+                raise body_too_big(limit)
     except ClientDisconnect:  # hung up while sending: nobody to answer
         raise ClientGone() from None
     return bytes(body)
@@ -135,16 +78,22 @@ async def _watch_disconnect(request: Request, run: Run) -> None:
 
 
 def create_app(models: list[ServedModel], settings: ServerSettings | None = None,
-               on_startup: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
-    """An app over already-built engines; on_startup (e.g. warm-up) runs before it accepts requests."""
+               on_startup: Callable[[], Awaitable[None]] | None = None,
+               readiness: Readiness | None = None) -> FastAPI:
+    """An app over the served models. on_startup (e.g. warm-up) runs before it accepts requests.
+
+    readiness: None when every engine is built already. Given with a load function, the app starts
+    serving at once and `readiness.load` runs in the background (it sets each ServedModel.engine);
+    until it has finished, /health and the model routes answer 503 (server/readiness.py)."""
     settings = settings or ServerSettings()
+    readiness = readiness or Readiness()
     by_name: dict[str, ServedModel] = {}
     for served in models:
         for name in served.names:
             if name in by_name:
                 raise ValueError(f"served model name {name!r} is used twice")
             by_name[name] = served
-    metrics = ServerMetrics(lambda: {m.name: m.engine for m in models})
+    metrics = ServerMetrics(lambda: {m.name: m.engine for m in models if m.engine is not None})
     for served in models:
         served.metrics = metrics
 
@@ -152,13 +101,18 @@ def create_app(models: list[ServedModel], settings: ServerSettings | None = None
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if on_startup is not None:
             await on_startup()
-        yield
+        readiness.start()
+        try:
+            yield
+        finally:
+            await readiness.stop()
 
     app = FastAPI(title="edgellm", version=_version(), docs_url=None, redoc_url=None,
                   openapi_url="/openapi.json", lifespan=lifespan)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     app.state.models = models
     app.state.metrics = metrics
+    app.state.readiness = readiness
     install_handlers(app)
     app.add_middleware(Guard, settings=settings)
 
@@ -173,6 +127,7 @@ def create_app(models: list[ServedModel], settings: ServerSettings | None = None
 
     async def handle(request: Request, cls: type[ChatCompletionRequest | CompletionRequest]) -> Response:
         arrival = time.monotonic()
+        readiness.require()
         if all(m.full for m in models):  # overloaded: refuse at once, before reading or tokenizing
             raise models[0].overloaded()
         try:
@@ -235,14 +190,20 @@ def create_app(models: list[ServedModel], settings: ServerSettings | None = None
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
+        readiness.require()
         return {"object": "list", "data": [model_card(n, s) for n, s in by_name.items()]}
 
     @app.get("/v1/models/{model_id:path}")
     async def get_model(model_id: str) -> dict[str, Any]:
+        readiness.require()
         return model_card(model_id, lookup(model_id))
 
     @app.get("/health")
     async def health() -> Response:
+        loading = readiness.health()
+        if loading is not None:
+            status, body = loading
+            return JSONResponse(body, status_code=status)
         dead = [m.name for m in models if not _engine_alive(m.engine)]
         if dead:
             return JSONResponse({"status": "error", "dead_engines": dead}, status_code=503)

@@ -1,10 +1,12 @@
-"""`edgellm serve`: pick the model spec, build its AsyncEngine, warm the prefix cache, run uvicorn."""
+"""`edgellm serve`: pick the model spec, run uvicorn, build the AsyncEngine and warm the prefix cache
+in the background (the port answers, /health 503, while the model loads)."""
 
 from __future__ import annotations
 
 import argparse
 import ipaddress
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -136,32 +138,59 @@ def uvicorn_config(app: Any, args: argparse.Namespace) -> Any:
                           h11_max_incomplete_event_size=getattr(args, "max_header_bytes", MAX_HEADER_BYTES))
 
 
-def serve(args: argparse.Namespace) -> int:
-    import uvicorn
+def serving_app(args: argparse.Namespace, spec: ModelSpec, api_key: str | None,
+                build: Callable[[ModelSpec, argparse.Namespace], Any] = build_engine,
+                on_load_failure: Callable[[BaseException], None] | None = None) -> tuple[Any, Any]:
+    """The app `edgellm serve` runs and its ServedModel, whose engine is not built yet.
 
+    The app answers at once; its lifespan starts the load in the background: `build(spec, args)` on
+    a thread of its own (the AsyncEngine then loads the model on the engine thread), then the
+    warm-up. /health answers 503 until both are done, then 200 (server/readiness.py)."""
     from edgellm.server.app import ServerSettings, create_app
+    from edgellm.server.readiness import Readiness, in_thread
     from edgellm.server.serving import ServedModel
+
+    names = list(args.served_model_name or [spec.name])
+    logger.info("serving %s (source %s) as %s", spec.name, spec.source, ", ".join(names))
+    served = ServedModel(names=names, engine=None, max_waiting_requests=args.max_waiting_requests)
+
+    async def load() -> None:
+        engine = await in_thread(lambda: build(spec, args))
+        served.engine = engine
+        await warm_up(engine, spec)
+
+    settings = ServerSettings(api_key=api_key, metrics_public=args.metrics_public,
+                              max_body_bytes=args.max_request_body,
+                              max_header_bytes=getattr(args, "max_header_bytes", MAX_HEADER_BYTES))
+    app = create_app([served], settings, readiness=Readiness(load, on_load_failure))
+    return app, served
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Bind, load in the background, serve until stopped. A load that fails stops the server and
+    is raised here (the CLI prints it as a start-up error)."""
+    import uvicorn
 
     api_key = args.api_key or env.api_key()
     if not _is_loopback(args.host) and not api_key:
         logger.warning("binding %s without --api-key: anyone who can reach this port can use the model",
                        args.host)
     spec = select_spec(args)
-    names = list(args.served_model_name or [spec.name])
-    logger.info("serving %s (source %s) as %s", spec.name, spec.source, ", ".join(names))
-    engine = build_engine(spec, args)
-    served = ServedModel(names=names, engine=engine, max_waiting_requests=args.max_waiting_requests)
-    settings = ServerSettings(api_key=api_key, metrics_public=args.metrics_public,
-                              max_body_bytes=args.max_request_body,
-                              max_header_bytes=getattr(args, "max_header_bytes", MAX_HEADER_BYTES))
+    failures: list[BaseException] = []
+    server: Any = None
 
-    async def startup() -> None:
-        await warm_up(engine, spec)
+    def stop(exc: BaseException) -> None:
+        failures.append(exc)
+        if server is not None:
+            server.should_exit = True
 
-    app = create_app([served], settings, on_startup=startup)
-    config = uvicorn_config(app, args)
+    app, served = serving_app(args, spec, api_key, on_load_failure=stop)
+    server = uvicorn.Server(uvicorn_config(app, args))
     try:
-        uvicorn.Server(config).run()
+        server.run()
     finally:
-        engine.shutdown()
+        if served.engine is not None:
+            served.engine.shutdown()
+    if failures:
+        raise failures[0]
     return 0

@@ -2,7 +2,10 @@
 
 Per-request histograms and counters are observed by the server as requests
 finish; engine state (running/waiting, KV blocks, prefix cache) is read from
-AsyncEngine.stats() at scrape time. Each app gets its own CollectorRegistry.
+AsyncEngine.stats() at scrape time (an engine still loading is left out), the
+KV cache's configuration from AsyncEngine.cache_info() as the info gauge
+vllm:cache_config_info (value 1, the facts in its labels). Each app gets its own
+CollectorRegistry.
 """
 
 from __future__ import annotations
@@ -51,7 +54,13 @@ class _EngineCollector(Collector):
                                       labels=labels)
         hits = CounterMetricFamily("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", labels=labels)
         preempt = CounterMetricFamily("vllm:num_preemptions", "Preempted requests.", labels=labels)
+        cache_info: GaugeMetricFamily | None = None
         for name, engine in self.engines().items():
+            info = {"model_name": name, "engine": "0", **engine.cache_info()}
+            if cache_info is None:  # an info gauge: value 1, the facts in the labels (as vLLM's)
+                cache_info = GaugeMetricFamily("vllm:cache_config_info", "Information of the KV cache "
+                                               "configuration.", labels=list(info))
+            cache_info.add_metric(list(info.values()), 1.0)
             s = engine.stats()
             total_blocks = float(s["kv_blocks_total"])
             held = float(s["kv_blocks_held"])
@@ -68,6 +77,8 @@ class _EngineCollector(Collector):
             hits.add_metric([name], h)
             preempt.add_metric([name], s.get("num_preemptions", 0))
         yield from (running, waiting, usage, gpu_usage, used, free, total, hit_rate, queries, hits, preempt)
+        if cache_info is not None:
+            yield cache_info
 
 
 class ServerMetrics:

@@ -3,7 +3,8 @@
 Strict: a string where a number belongs is a 400, as with OpenAI; an int is
 a valid float. vLLM's extensions that load generators send (ignore_eos,
 min_tokens, top_k, min_p, repetition_penalty, stop_token_ids, ...) are
-honoured. stream_options.chunking = "sentence" is edgellm's own.
+honoured, and vLLM's priority (an int, lower runs sooner; anything but 0 is a 400 unless the
+server runs --scheduling-policy priority). stream_options.chunking = "sentence" is edgellm's own.
 
 Structured outputs: OpenAI's response_format (json_object, json_schema) and vLLM's extras
 (structured_outputs {json, regex, choice, grammar, json_object} and the older guided_json /
@@ -18,9 +19,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from edgellm.sampling import SamplingParams
+from edgellm.server.errors import bad_request
 from edgellm.structured import StructuredOutputError, StructuredOutputs
 from edgellm.tools.spec import ToolError, ToolPlan, plan
-from edgellm.server.errors import bad_request
 
 MAX_N = 64
 MAX_STOP = 16
@@ -88,6 +89,7 @@ class _Sampling(_Body):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    priority: int = 0  # vLLM's: lower runs sooner; not 0 needs --scheduling-policy priority
 
     def _num_logprobs(self) -> int | None:
         raise NotImplementedError

@@ -98,6 +98,7 @@ class Sub:
     text: str | None
     ids: list[int]
     params: SamplingParams
+    priority: int = 0
 
 
 @dataclass
@@ -131,9 +132,18 @@ def _context_error(prompt_len: int, max_tokens: int | None, limit: int, what: st
                        code="context_length_exceeded")
 
 
+def _check_priority(engine: Any, priority: int) -> None:
+    """vLLM's rule: a priority other than 0 needs the priority scheduling policy."""
+    if priority != 0 and engine.scheduling_policy != "priority":
+        raise bad_request(f"Got priority {priority} but priority scheduling is not enabled on this "
+                          f"server (it runs --scheduling-policy {engine.scheduling_policy}).",
+                          param="priority")
+
+
 def prepare(served: ServedModel, req: ChatCompletionRequest | CompletionRequest, arrival: float) -> Prepared:
     req.check()
     engine = served.engine
+    _check_priority(engine, req.priority)
     tok = engine.tokenizer
     if isinstance(req, ChatCompletionRequest):
         kind, what, prefix = "chat", "messages", "chatcmpl-"
@@ -188,7 +198,7 @@ def prepare(served: ServedModel, req: ChatCompletionRequest | CompletionRequest,
             raise bad_request(str(exc), param=what) from None
         for j, sp in enumerate(expand_n(params)):
             index = p_idx * params.n + j
-            subs.append(Sub(index, p_idx, f"{request_id}-{index}", text, ids, sp))
+            subs.append(Sub(index, p_idx, f"{request_id}-{index}", text, ids, sp, req.priority))
     return Prepared(kind, served, req, request_id, int(time.time()), arrival, subs,
                     [len(ids) for _, ids in prompts], tools)
 
@@ -231,7 +241,8 @@ class Run:
         return False
 
     async def _pump(self, sub: Sub) -> None:
-        gen = self.served.engine.generate(sub.request_id, sub.ids, sub.params, prepared=(sub.text, sub.ids))
+        gen = self.served.engine.generate(sub.request_id, sub.ids, sub.params, prepared=(sub.text, sub.ids),
+                                          priority=sub.priority)
         try:
             async with contextlib.aclosing(gen):
                 async for out in gen:
