@@ -50,14 +50,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
-    fields = dict(
-        model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
-        kv_cache_dtype=args.kv_cache_dtype, kv_cache_memory=args.kv_cache_memory, seed=args.seed,
-        chat_template=args.chat_template, architecture=getattr(args, "architecture", None),
-        cpu_quant=getattr(args, "cpu_quant", None), cpu_isa=getattr(args, "cpu_isa", None),
-    )
+    fields: dict[str, Any] = {
+        "model": args.model, "dtype": args.dtype, "device": args.device,
+        "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens, "block_size": args.block_size,
+        "enable_prefix_caching": args.enable_prefix_caching, "kv_cache_dtype": args.kv_cache_dtype,
+        "kv_cache_memory": args.kv_cache_memory, "seed": args.seed,
+        "chat_template": args.chat_template, "architecture": getattr(args, "architecture", None),
+        "cpu_quant": getattr(args, "cpu_quant", None), "cpu_isa": getattr(args, "cpu_isa", None),
+    }
     fields.update(overrides)
     return EngineConfig(**fields)
 
@@ -185,6 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests allowed to wait beyond --max-num-seqs before 503 + Retry-After")
     p.add_argument("--max-request-body", type=_memory, default=4 << 20,
                    help="largest request body (default 4M); bigger is a 413")
+    p.add_argument("--tool-call-parser", default=None, metavar="NAME",
+                   help="the format of the model's tool calls: hermes, llama3_json, mistral or pythonic "
+                        "(default: models.yaml's tool_parser, else the one the chat template asks for, "
+                        "else hermes)")
     p.add_argument("--uvicorn-log-level", default="info")
     p.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True)
     add_engine_args(p)

@@ -18,6 +18,7 @@ from edgellm.registry import (
     spec_for_path,
 )
 from edgellm.sampling import SamplingParams
+from edgellm.tools.families import check_parser_name, choose_parser, detect_parser
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,13 @@ def select_spec(args: argparse.Namespace) -> ModelSpec:
     if spec.quantization != "auto":
         spec.check_quantization()
     return spec
+
+
+def tool_parser_name(spec: ModelSpec, args: argparse.Namespace) -> str | None:
+    """The configured tool-call format: --tool-call-parser, else the registry's tool_parser (checked:
+    an unknown name is a ValueError listing the known ones); None: chosen from the chat template."""
+    name = getattr(args, "tool_call_parser", None) or spec.tool_parser
+    return None if name is None else check_parser_name(name)
 
 
 def _template_text(template: str | None) -> str | None:
@@ -147,10 +155,15 @@ def serve(args: argparse.Namespace) -> int:
         logger.warning("binding %s without --api-key: anyone who can reach this port can use the model",
                        args.host)
     spec = select_spec(args)
+    configured = tool_parser_name(spec, args)
     names = list(args.served_model_name or [spec.name])
     logger.info("serving %s (source %s) as %s", spec.name, spec.source, ", ".join(names))
     engine = build_engine(spec, args)
-    served = ServedModel(names=names, engine=engine, max_waiting_requests=args.max_waiting_requests)
+    template = engine.tokenizer.hf.chat_template if engine.tokenizer is not None else None
+    chosen_by = "configured" if configured else "chat template" if detect_parser(template) else "default"
+    logger.info("tool calls parsed as %s (%s)", choose_parser(configured, template), chosen_by)
+    served = ServedModel(names=names, engine=engine, max_waiting_requests=args.max_waiting_requests,
+                         tool_parser=configured)
     settings = ServerSettings(api_key=api_key, metrics_public=args.metrics_public,
                               max_body_bytes=args.max_request_body,
                               max_header_bytes=getattr(args, "max_header_bytes", MAX_HEADER_BYTES))
