@@ -63,16 +63,17 @@ def _kv_events_config(text: str) -> Any:
 
 
 def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
-    fields = dict(
-        model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
-        kv_cache_dtype=args.kv_cache_dtype, kv_cache_memory=args.kv_cache_memory, seed=args.seed,
-        chat_template=args.chat_template, architecture=getattr(args, "architecture", None),
-        cpu_quant=getattr(args, "cpu_quant", None), cpu_isa=getattr(args, "cpu_isa", None),
-        scheduling_policy=getattr(args, "scheduling_policy", "fcfs"),
-        kv_events=getattr(args, "kv_events_config", None),
-    )
+    fields: dict[str, Any] = {
+        "model": args.model, "dtype": args.dtype, "device": args.device,
+        "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens, "block_size": args.block_size,
+        "enable_prefix_caching": args.enable_prefix_caching, "kv_cache_dtype": args.kv_cache_dtype,
+        "kv_cache_memory": args.kv_cache_memory, "seed": args.seed,
+        "chat_template": args.chat_template, "architecture": getattr(args, "architecture", None),
+        "cpu_quant": getattr(args, "cpu_quant", None), "cpu_isa": getattr(args, "cpu_isa", None),
+        "scheduling_policy": getattr(args, "scheduling_policy", "fcfs"),
+        "kv_events": getattr(args, "kv_events_config", None),
+    }
     fields.update(overrides)
     return EngineConfig(**fields)
 
@@ -203,6 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
                    help="fcfs (default; a request 'priority' other than 0 is a 400) or priority "
                         "(lower 'priority' runs sooner and may preempt worse-priority requests)")
+    p.add_argument("--tool-call-parser", default=None, metavar="NAME",
+                   help="the format of the model's tool calls: hermes, llama3_json, mistral or pythonic "
+                        "(default: models.yaml's tool_parser, else the one the chat template asks for, "
+                        "else hermes)")
     p.add_argument("--uvicorn-log-level", default="info")
     p.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True)
     add_engine_args(p)

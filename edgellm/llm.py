@@ -14,6 +14,7 @@ from edgellm.config import EngineConfig
 from edgellm.engine.engine import LLMEngine
 from edgellm.engine.output import CompletionOutput, RequestOutput
 from edgellm.sampling import SamplingParams
+from edgellm.tools.families import check_parser_name, choose_parser
 from edgellm.tools.spec import (
     ToolPlan,
     parse_output,
@@ -61,8 +62,13 @@ class LLM:
         enable_prefix_caching: bool = True,
         kv_cache_memory: int | None = None,
         max_model_len: int | None = None,
+        tool_call_parser: str | None = None,
         **kwargs: Any,
     ) -> None:
+        """`tool_call_parser`: the format of the model's tool calls (a tools.families.PARSERS name);
+        None: the one its chat template asks for, else hermes. The other arguments are
+        EngineConfig's."""
+        self.tool_call_parser = None if tool_call_parser is None else check_parser_name(tool_call_parser)
         config = EngineConfig(
             model=model,
             dtype=dtype,
@@ -78,8 +84,9 @@ class LLM:
         self._ids = itertools.count()
 
     @classmethod
-    def from_config(cls, config: EngineConfig) -> LLM:
+    def from_config(cls, config: EngineConfig, tool_call_parser: str | None = None) -> LLM:
         llm = cls.__new__(cls)
+        llm.tool_call_parser = None if tool_call_parser is None else check_parser_name(tool_call_parser)
         llm.engine = LLMEngine(config)
         llm._ids = itertools.count()
         return llm
@@ -166,8 +173,9 @@ class LLM:
         parallel_tool_calls: bool | None = None,
     ) -> list[RequestOutput]:
         """Chat completions. With tools (OpenAI's shapes; see edgellm/tools/spec.py) each choice's
-        tool_calls holds the parsed calls and its finish_reason is "tool_calls" when it made any;
-        "required" and a named tool_choice are grammar-constrained."""
+        tool_calls holds the parsed calls (tool_choice "auto": in the format of `tool_call_parser`)
+        and its finish_reason is "tool_calls" when it made any; "required" and a named tool_choice
+        are grammar-constrained."""
         tok = self.engine.tokenizer
         if tok is None:
             raise ValueError("this model has no tokenizer, so no chat template")
@@ -177,6 +185,8 @@ class LLM:
             tool_plan = None
         kwargs: dict[str, Any] = {}
         if tool_plan is not None:
+            tool_plan = dataclasses.replace(
+                tool_plan, parser_name=choose_parser(self.tool_call_parser, tok.hf.chat_template))
             if template_takes_tools(tok.hf.chat_template):
                 kwargs["tools"] = tool_plan.tools
             else:

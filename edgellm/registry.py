@@ -8,6 +8,8 @@
         kv_cache_dtype: auto            # auto | fp8
         max_model_len: 4096
         chat_template: template.jinja   # a file, or an inline Jinja string
+        tool_parser: hermes             # tool-call format: hermes | llama3_json | mistral | pythonic
+                                        # (default: from the chat template, else hermes)
         warm_prompts:                   # system prompts prefilled at start-up (prefix cache)
           - "You are a friendly voice assistant."
 
@@ -31,7 +33,7 @@ DEFAULT_SERVED_NAME = "smollm2-135m-instruct"
 QUANTIZATIONS = ("auto", "none", "awq", "gptq", "int8", "fp8", "gguf", "compressed-tensors")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 _KEYS = ("source", "architecture", "quantization", "kv_cache_dtype", "max_model_len",
-         "chat_template", "warm_prompts", "description")
+         "chat_template", "tool_parser", "warm_prompts", "description")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
 
 
@@ -48,6 +50,7 @@ class ModelSpec:
     kv_cache_dtype: str = "auto"
     max_model_len: int | None = None
     chat_template: str | None = None  # inline template text or an absolute file path
+    tool_parser: str | None = None  # a tools.families.PARSERS name; None: chosen from the template
     warm_prompts: list[str] = field(default_factory=list)
     description: str = ""
 
@@ -142,11 +145,19 @@ def parse_entry(name: Any, entry: Any, base: Path, where: str = "models.yaml") -
     template = typed("chat_template", str)
     if template is not None and _looks_like_path(template):
         template = _resolve_path(template, base)
+    tool_parser = typed("tool_parser", str)
+    if tool_parser is not None:
+        from edgellm.tools.families import check_parser_name
+
+        try:
+            check_parser_name(tool_parser)
+        except ValueError as exc:
+            raise RegistryError(f"{ctx}: tool_parser: {exc}") from None
     warm = typed("warm_prompts", list, [])
     if any(not isinstance(p, str) or not p.strip() for p in warm):
         raise RegistryError(f"{ctx}: warm_prompts must be a list of non-empty strings")
     return ModelSpec(name=name, source=source, architecture=architecture, quantization=quantization,
-                     kv_cache_dtype=kv, max_model_len=max_len, chat_template=template,
+                     kv_cache_dtype=kv, max_model_len=max_len, chat_template=template, tool_parser=tool_parser,
                      warm_prompts=list(warm), description=str(typed("description", str, "") or ""))
 
 

@@ -21,16 +21,29 @@ def tiny_llama(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module", params=["fcfs", "priority"])
-def server(request, tiny_llama):
+def _serve(tiny_llama, policy: str):
     engine = AsyncEngine(EngineConfig(model=str(tiny_llama), kv_cache_memory=4 << 20, max_model_len=64,
-                                      scheduling_policy=request.param))
+                                      scheduling_policy=policy))
     try:
         with ThreadServer(create_app([ServedModel(names=["tiny"], engine=engine, max_waiting_requests=4)])) as srv:
-            srv.policy = request.param
             yield srv
     finally:
         engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def fcfs_server(tiny_llama):
+    yield from _serve(tiny_llama, "fcfs")
+
+
+@pytest.fixture(scope="module")
+def priority_server(tiny_llama):
+    yield from _serve(tiny_llama, "priority")
+
+
+@pytest.fixture(params=["fcfs", "priority"])
+def server(request):
+    return request.getfixturevalue(f"{request.param}_server")
 
 
 def post(srv, path: str, **body) -> httpx.Response:
@@ -40,9 +53,8 @@ def post(srv, path: str, **body) -> httpx.Response:
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
-def test_priority_other_than_zero_is_400_under_fcfs(server, path):
-    if server.policy != "fcfs":
-        pytest.skip("fcfs only")
+def test_priority_other_than_zero_is_400_under_fcfs(fcfs_server, path):
+    server = fcfs_server
     body = {} if path == "/v1/completions" else {"model": "tiny", "messages": [{"role": "user", "content": "x"}]}
     r = post(server, path, priority=3, **body)
     assert r.status_code == 400, r.text
@@ -64,9 +76,8 @@ def test_non_integer_priority_is_400(server, bad):
     assert is_openai_error(r.json()) and r.json()["error"]["param"] == "priority"
 
 
-def test_any_integer_priority_runs_under_priority(server):
-    if server.policy != "priority":
-        pytest.skip("priority only")
+def test_any_integer_priority_runs_under_priority(priority_server):
+    server = priority_server
     for prio in (-10, 0, 7):
         r = post(server, "/v1/completions", priority=prio)
         assert r.status_code == 200, r.text

@@ -20,6 +20,7 @@ from edgellm.registry import (
     spec_for_path,
 )
 from edgellm.sampling import SamplingParams
+from edgellm.tools.families import check_parser_name, choose_parser, detect_parser
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,13 @@ def select_spec(args: argparse.Namespace) -> ModelSpec:
     if spec.quantization != "auto":
         spec.check_quantization()
     return spec
+
+
+def tool_parser_name(spec: ModelSpec, args: argparse.Namespace) -> str | None:
+    """The configured tool-call format: --tool-call-parser, else the registry's tool_parser (checked:
+    an unknown name is a ValueError listing the known ones); None: chosen from the chat template."""
+    name = getattr(args, "tool_call_parser", None) or spec.tool_parser
+    return None if name is None else check_parser_name(name)
 
 
 def _template_text(template: str | None) -> str | None:
@@ -150,12 +158,17 @@ def serving_app(args: argparse.Namespace, spec: ModelSpec, api_key: str | None,
     from edgellm.server.readiness import Readiness, in_thread
     from edgellm.server.serving import ServedModel
 
+    configured = tool_parser_name(spec, args)  # an unknown name stops here, before the load
     names = list(args.served_model_name or [spec.name])
     logger.info("serving %s (source %s) as %s", spec.name, spec.source, ", ".join(names))
-    served = ServedModel(names=names, engine=None, max_waiting_requests=args.max_waiting_requests)
+    served = ServedModel(names=names, engine=None, max_waiting_requests=args.max_waiting_requests,
+                         tool_parser=configured)
 
     async def load() -> None:
         engine = await in_thread(lambda: build(spec, args))
+        template = engine.tokenizer.hf.chat_template if engine.tokenizer is not None else None
+        chosen_by = "configured" if configured else "chat template" if detect_parser(template) else "default"
+        logger.info("tool calls parsed as %s (%s)", choose_parser(configured, template), chosen_by)
         served.engine = engine
         await warm_up(engine, spec)
 

@@ -15,7 +15,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from edgellm.engine.output import RequestOutput
@@ -24,6 +24,7 @@ from edgellm.sampling import SamplingParams
 from edgellm.server.errors import APIError, bad_request
 from edgellm.server.metrics import ServerMetrics
 from edgellm.server.protocol import ChatCompletionRequest, CompletionRequest
+from edgellm.tools.families import check_parser_name, choose_parser
 from edgellm.tools.spec import ToolPlan, template_takes_tools, with_generic_prompt
 
 logger = logging.getLogger(__name__)
@@ -42,7 +43,14 @@ class ServedModel:
     metrics: ServerMetrics | None = None
     inflight: int = 0  # admitted sub-requests not yet finished
     created: int = field(default_factory=lambda: int(time.time()))
+    # the format of tool calls in its output (a tools.families.PARSERS name); None: the one its
+    # chat template asks for, else hermes
+    tool_parser: str | None = None
     _token_text: dict[int, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.tool_parser is not None:
+            check_parser_name(self.tool_parser)
 
     @property
     def name(self) -> str:
@@ -156,7 +164,9 @@ def prepare(served: ServedModel, req: ChatCompletionRequest | CompletionRequest,
         conversation = req.conversation()
         kwargs = dict(req.chat_template_kwargs or {})
         if tools is not None:
-            if template_takes_tools(tok.hf.chat_template):
+            template = tok.hf.chat_template
+            tools = replace(tools, parser_name=choose_parser(served.tool_parser, template))
+            if template_takes_tools(template):
                 kwargs["tools"] = tools.tools
             else:
                 conversation = with_generic_prompt(conversation, tools.tools)

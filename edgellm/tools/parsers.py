@@ -7,7 +7,8 @@ arguments' JSON text, exactly as the model wrote it), CallEnd(index). Nothing is
 diffed: each character is consumed once. Text that could still turn out to be the start of a call
 (a partial `<tool_call>`, whitespace before it) is held back until it is known to be content.
 
-Formats (chosen by name, `PARSERS`):
+Formats here (the model families' own are chosen by name in families.PARSERS: hermes, and
+llama3_json, mistral and pythonic in parser_llama3.py, parser_mistral.py, parser_pythonic.py):
   hermes     Hermes / Qwen2.5 / the generic tool prompt: <tool_call>{"name": .., "arguments": {..}}</tool_call>
   json_array the output of tool_choice "required": [{"name": .., "arguments": {..}}, ...]
   arguments  the output of a named tool_choice: the arguments object itself (the name is known)
@@ -19,7 +20,7 @@ from edgellm.tools.call_object import CallObject
 from edgellm.tools.events import Args, CallEnd, CallStart, Content, Event
 
 __all__ = ["Args", "ArgumentsParser", "CallEnd", "CallStart", "Content", "Event", "HermesParser",
-           "JsonArrayParser", "PARSERS", "ToolCallParser"]
+           "JsonArrayParser", "ToolCallParser"]
 
 
 class ToolCallParser:
@@ -44,6 +45,19 @@ class ToolCallParser:
             elif isinstance(e, Content):
                 self.content += e.text
         return events
+
+    def _emit(self, out: list[Event]) -> list[Event]:
+        """The events of one feed(): adjacent Content, and adjacent Args of one call, merged."""
+        merged: list[Event] = []
+        for e in out:
+            last = merged[-1] if merged else None
+            if isinstance(e, Content) and isinstance(last, Content):
+                merged[-1] = Content(last.text + e.text)
+            elif isinstance(e, Args) and isinstance(last, Args) and last.index == e.index:
+                merged[-1] = Args(e.index, last.text + e.text)
+            elif not (isinstance(e, Content | Args) and not e.text):
+                merged.append(e)
+        return self._track(merged)
 
     def feed(self, text: str) -> list[Event]:
         raise NotImplementedError
@@ -72,13 +86,7 @@ class HermesParser(ToolCallParser):
         out: list[Event] = []
         for ch in text:
             self._char(ch, out)
-        merged: list[Event] = []
-        for e in out:  # one Content per run of text
-            if isinstance(e, Content) and merged and isinstance(merged[-1], Content):
-                merged[-1] = Content(merged[-1].text + e.text)
-            else:
-                merged.append(e)
-        return self._track(merged)
+        return self._emit(out)
 
     def _char(self, ch: str, out: list[Event]) -> None:
         if self.state == "text" or self.broken:
@@ -186,5 +194,3 @@ class ArgumentsParser(ToolCallParser):
         out.append(CallEnd(0))
         return self._track(out)
 
-
-PARSERS = {"hermes": HermesParser}

@@ -4,7 +4,7 @@ template without tool support), the grammar ("required" and a named choice are c
 even a small model calls a listed function with arguments valid for its schema), and the parser.
 
 Modes: "none" (tools are left out of the prompt and nothing is parsed), "auto" (the model decides;
-its text is parsed in its family's format), "required" (one or more calls: a JSON array of
+its text is parsed in its family's format, `parser_name`, see families.py), "required" (one or more calls: a JSON array of
 {"name", "arguments"} objects, one only when parallel_tool_calls is false), "named" (the output is
 the arguments object of that function).
 """
@@ -19,7 +19,8 @@ from typing import Any
 
 from edgellm.structured.schema_check import check_schema
 from edgellm.structured.spec import StructuredOutputError, StructuredOutputs
-from edgellm.tools.parsers import ArgumentsParser, HermesParser, JsonArrayParser, ToolCallParser
+from edgellm.tools.families import DEFAULT_PARSER, PARSERS
+from edgellm.tools.parsers import ArgumentsParser, JsonArrayParser, ToolCallParser
 
 MAX_TOOLS = 128
 _NAME = re.compile(r"^[A-Za-z0-9_\-.]{1,64}$")
@@ -47,6 +48,7 @@ class ToolPlan:
     tools: list[dict[str, Any]]  # normalized {"type": "function", "function": {...}}
     name: str | None = None  # named mode
     parallel: bool = True
+    parser_name: str = DEFAULT_PARSER  # the output format of mode "auto" (a PARSERS name)
 
     @property
     def functions(self) -> dict[str, dict[str, Any]]:
@@ -74,7 +76,7 @@ class ToolPlan:
         if self.mode == "required":
             return JsonArrayParser()
         if self.mode == "auto":
-            return HermesParser()
+            return PARSERS[self.parser_name]()
         return None
 
 
