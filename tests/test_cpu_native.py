@@ -11,10 +11,9 @@ import shutil
 import pytest
 import torch
 
-from edgellm.models.fused_decode import LINEAR_DENSE, LINEAR_INT_DOT, LINEAR_META, LINEAR_TINYGEMM
-
 from edgellm.kernels import cpu_native
 from edgellm.kernels.paged_attention import paged_attention_ref, write_kv_ref
+from edgellm.models.fused_decode import LINEAR_DENSE, LINEAR_INT_DOT, LINEAR_META, LINEAR_TINYGEMM
 from tests.quant_tiny import quantize_checkpoint
 
 
@@ -191,7 +190,7 @@ PROMPTS = [[{"role": "user", "content": "What is the capital of France?"}],
 
 def _linear_kinds(fused) -> set[int]:
     """The kinds of every linear in a fused pass's meta (models/fused_decode.py layout)."""
-    per_layer = 4 * LINEAR_META + 1
+    per_layer = 4 * LINEAR_META + 2
     return {fused.meta[start + j * LINEAR_META] for start in range(0, len(fused.meta), per_layer) for j in range(4)}
 
 
@@ -231,10 +230,12 @@ def _logprob_gap(got, want) -> float:
                for a, b in zip(g.outputs[0].logprobs, w.outputs[0].logprobs))
 
 
-@pytest.mark.parametrize("arch", ["llama", "llama_tied", "mistral", "qwen2", "phi3", "exaone", "llama32"])
+@pytest.mark.parametrize("arch", ["llama", "llama_tied", "mistral", "qwen2", "phi3", "exaone", "llama32",
+                                  "qwen3", "gemma3", "gemma3_6", "exaone4"])
 def test_fused_decode_matches_the_layer_path(built, tiny_dir, arch):
     """fp32 weights: the same math as the layers up to summation order (qkv biases, sliding
-    window, longrope, GQA 4:1 and 4:2 included)."""
+    window, longrope, GQA 4:1 and 4:2; q/k norms, sandwich and post norms, GeGLU, Gemma 3's local
+    rotary table, EXAONE 4's global layers without rotary)."""
     from edgellm import LLM
 
     path, _ = tiny_dir(arch)
@@ -247,11 +248,10 @@ def test_fused_decode_matches_the_layer_path(built, tiny_dir, arch):
     assert _logprob_gap(got, want) < 1e-4
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "gemma3", "exaone4", "phi4mini"])
-def test_fused_decode_is_not_built_where_the_layers_differ_from_llamas(built, tiny_dir, arch):
-    """q/k norms, branch-output norms, GeGLU, per-layer rotary and partial rotary are not in the
-    fused C++ pass: those models decode layer by layer (still token for token transformers',
-    tests/test_models.py), in every CPU mode."""
+@pytest.mark.parametrize("arch", ["phi4mini"])
+def test_fused_decode_is_not_built_for_partial_rotary(built, tiny_dir, arch):
+    """Partial rotary is not in the fused C++ pass: such models decode layer by layer (still token
+    for token transformers', tests/test_models.py), in every CPU mode."""
     from edgellm import LLM
 
     path, _ = tiny_dir(arch)
@@ -263,9 +263,8 @@ def test_fused_decode_on_the_default_model(built):
     """int4 GEMV + bf16 activations: bf16 rounding can flip differently than in the layer path
     (the inputs differ in the last fp32 bit), so logprobs agree to bf16 noise, and tokens until a
     position where the layer path's own top two are nearly tied."""
-    from edgellm.quant.backends import CpuInt4Kernel
-
     from edgellm import LLM
+    from edgellm.quant.backends import CpuInt4Kernel
 
     llm = LLM(kv_cache_memory=16 << 20, max_model_len=256, cpu_quant="fast", enable_prefix_caching=False)
     fused = llm.engine.model.model.fused
@@ -451,7 +450,6 @@ def test_cascade_inside_the_engine_matches_the_per_sequence_path(built):
     """Three requests over one cached system prompt, admitted in the same step: with fp32
     "prefill_dtype" the cascade runs in the engine and must give the per-sequence path's logprobs."""
     import edgellm.kernels.paged_attention as pa
-
     from edgellm import LLM, SamplingParams
 
     llm = LLM(kv_cache_memory=32 << 20, max_model_len=512, cpu_quant="exact")

@@ -103,7 +103,8 @@ class MLP(nn.Module):
         super().__init__()
         p = f"model.layers.{layer}.mlp"
         self.intermediate_size = cfg.intermediate_size
-        self.gated_silu = cfg.hidden_act in ("silu", "swish")  # what the C++ and bf16 paths implement
+        self.hidden_act = cfg.hidden_act
+        self.gated_silu = cfg.hidden_act in ("silu", "swish")  # what the bf16 paths implement
         self.act = _ACTIVATIONS[cfg.hidden_act]
         self.gate_up_proj = Linear(
             cfg.hidden_size,

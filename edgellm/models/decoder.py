@@ -74,14 +74,15 @@ class DecoderModel(nn.Module):
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         x = self.embed_tokens(batch.input_ids)
         cos_sin = self.rotary.cos_sin_for(batch.positions, batch.seq_total_lens, x.dtype)
+        local = (None if self.local_rotary is None
+                 else self.local_rotary.cos_sin_for(batch.positions, batch.seq_total_lens, x.dtype))
         if self.fused is not None:
-            y = self.fused(x, cos_sin, batch.attn)  # None: not a decode-only step
+            y = self.fused(x, cos_sin, batch.attn, local)  # None: not a decode-only step
             if y is not None:
                 return self.norm(y)
         rotaries: list[tuple[RotaryEmbedding | None, CosSin | None]] = [(self.rotary, cos_sin)]
-        if self.local_rotary is not None:
-            rotaries.append((self.local_rotary,
-                             self.local_rotary.cos_sin_for(batch.positions, batch.seq_total_lens, x.dtype)))
+        if local is not None:
+            rotaries.append((self.local_rotary, local))
         for layer, which in zip(self.layers, self.layer_rotary):
             rotary, cs = rotaries[which] if which >= 0 else (None, None)
             x = layer(x, rotary, cs, batch)

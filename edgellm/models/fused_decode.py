@@ -10,11 +10,11 @@ edgellm/quant/backends.CpuInt4Kernel) and hand-written loops for the rest. On th
 also how far the layer path is from transformers.
 
 It applies when every linear of every layer is a CPU int4 kernel without an act-order
-permutation (the tinygemm one with its dense copy kept), or a plain fp32 matrix; the model runs fp32;
-rotary covers the whole head and is the same for every layer; the layers are Llama's (pre-norms,
-no q/k norms, SiLU); and at call time the step is decode-only over fp32 or fp8
-(e4m3, per-layer scales) KV caches. Anything else (prefill chunks, other formats) takes the
-layer path.
+permutation (the tinygemm one with its dense copy kept), an integer-dot kernel, or a plain fp32
+matrix; the model runs fp32; rotary covers the whole head (per layer the model's table, the local
+one, or none); the norms are any of the decoder's layouts (pre, sandwich, post; q/k norms) and the
+gate SiLU or tanh-GELU; and at call time the step is decode-only over fp32 or fp8 (e4m3, per-layer
+scales) KV caches. Anything else (prefill chunks, other formats) takes the layer path.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ _CACHE_DTYPES = (torch.float32, torch.float8_e4m3fn)
 # LINEAR_TENSORS tensors (a, b, c, dense, bias) and LINEAR_META ints (kind, group, max_rows).
 LINEAR_DENSE, LINEAR_TINYGEMM, LINEAR_INT_DOT, LINEAR_INT8_DOT = 0, 1, 2, 3
 LINEAR_TENSORS, LINEAR_META = 5, 3
+ACT_SILU, ACT_GELU_TANH = 0, 1
+_ACTS = {"silu": ACT_SILU, "swish": ACT_SILU, "gelu_pytorch_tanh": ACT_GELU_TANH, "gelu_tanh": ACT_GELU_TANH}
 
 
 def _linear_tensors(module) -> tuple[list[torch.Tensor], list[int]] | None:
@@ -73,6 +75,15 @@ def _linear_tensors(module) -> tuple[list[torch.Tensor], list[int]] | None:
     return [_EMPTY, _EMPTY, _EMPTY, weight, bias], [LINEAR_DENSE, 0, 0]
 
 
+def _norm(norm) -> torch.Tensor | None:
+    """An RMSNorm's (offset-folded) fp32 weight, the empty tensor for an absent norm, None if not fp32."""
+    if norm is None:
+        return _EMPTY
+    if norm.weight.dtype != torch.float32 or norm.weight_offset:
+        return None
+    return norm.weight.detach()
+
+
 class FusedDecode:
     def __init__(self, model: DecoderModel, static: list[list[torch.Tensor]], meta: list[int], native: Any) -> None:
         first = model.layers[0].self_attn
@@ -82,9 +93,10 @@ class FusedDecode:
         self.meta = meta
         self.num_heads, self.num_kv_heads, self.head_dim = first.num_heads, first.num_kv_heads, first.head_dim
         self.intermediate = model.layers[0].mlp.intermediate_size
-        self.eps = model.layers[0].input_layernorm.eps
+        self.eps = model.norm.eps  # every norm of the model has the config's rms_norm_eps
         self.scale = first.attn.scale
         self.attns = [layer.self_attn.attn for layer in model.layers]
+        self.activation = _ACTS[model.layers[0].mlp.hidden_act]
         self._weights: list[torch.Tensor] | None = None
         self._kv_scales: list[float] = []
         self._caches: tuple[int, ...] = ()
@@ -98,21 +110,17 @@ class FusedDecode:
             why = "the C++ kernels did not build"
         elif model.embed_tokens.weight.dtype != torch.float32:
             why = "the model is not fp32"
-        elif model.rotary.rot_dim != model.layers[0].self_attn.head_dim:
+        elif any(r is not None and r.rot_dim != model.layers[0].self_attn.head_dim
+                 for r in (model.rotary, model.local_rotary)):
             why = "partial rotary"
-        elif any(layer.input_layernorm is None or layer.attn_output_norm is not None for layer in model.layers):
-            why = "norms other than Llama's pre-norms"
-        elif model.layers[0].self_attn.q_norm is not None:
-            why = "q/k norms"
-        elif not model.layers[0].mlp.gated_silu:
-            why = "an MLP activation other than SiLU"
-        elif any(which != 0 for which in model.layer_rotary):
-            why = "per-layer rotary (local bases or none)"
+        elif model.layers[0].mlp.hidden_act not in _ACTS:
+            why = f"the MLP activation {model.layers[0].mlp.hidden_act!r}"
         static, meta = [], []
-        for layer in model.layers if why is None else []:
+        for layer, which in zip(model.layers, model.layer_rotary) if why is None else []:
             sa, mlp = layer.self_attn, layer.mlp
-            norms = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
-            if any(n.dtype != torch.float32 for n in norms):
+            norms = [_norm(n) for n in (layer.input_layernorm, sa.q_norm, sa.k_norm, layer.attn_output_norm,
+                                        layer.post_attention_layernorm, layer.mlp_output_norm)]
+            if any(n is None for n in norms):
                 why = "norm weights not fp32"
                 break
             parts = [_linear_tensors(m) for m in (sa.qkv_proj, sa.o_proj, mlp.gate_up_proj, mlp.down_proj)]
@@ -120,12 +128,12 @@ class FusedDecode:
                 why = f"{sa.qkv_proj.prefix.rsplit('.', 2)[0]}: a linear the fused pass does not run"
                 break
             (qkv, mq), (o, mo), (gu, mg), (down, md) = parts
-            static.append([norms[0], *qkv, *o, norms[1], *gu, *down])
-            meta.extend([*mq, *mo, *mg, *md, int(sa.attn.sliding_window or 0)])
+            static.append([*norms[:3], *qkv, *o, norms[3], norms[4], *gu, *down, norms[5]])
+            meta.extend([*mq, *mo, *mg, *md, int(sa.attn.sliding_window or 0), int(which)])
         if why is not None:
             logger.info("fused CPU decode off: %s; decoding layer by layer", why)
             return None
-        kinds = [LINEAR_DENSE, LINEAR_TINYGEMM, LINEAR_INT_DOT, LINEAR_INT8_DOT]
+        kinds = [LINEAR_DENSE, LINEAR_TINYGEMM, LINEAR_INT_DOT, LINEAR_INT8_DOT, ACT_SILU, ACT_GELU_TANH]
         if native.layout() != [len(static[0]) + 1, len(meta) // len(static), LINEAR_TENSORS, LINEAR_META, *kinds]:
             raise RuntimeError(f"fused decode: the C++ module's per-layer layout {native.layout()} is not this one")
         return cls(model, static, meta, native)
@@ -141,8 +149,10 @@ class FusedDecode:
         return self._weights, self._kv_scales
 
     def __call__(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor],
-                 meta: AttentionMetadata) -> torch.Tensor | None:
-        """Hidden states after the last layer (before the final norm), or None: not a step it runs."""
+                 meta: AttentionMetadata,
+                 local_cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | None:
+        """Hidden states after the last layer (before the final norm), or None: not a step it runs.
+        local_cos_sin: the sliding layers' own table (DecoderModel.local_rotary) when it has one."""
         if meta.num_decodes != len(meta.seq_lens) or x.dtype != torch.float32 or x.device.type != "cpu":
             return None
         caches = [a.kv_cache for a in self.attns]
@@ -152,10 +162,12 @@ class FusedDecode:
             return None  # the first prefill sets them (layers/attention.py)
         rows = x.shape[0]
         cos, sin = (t.reshape(rows, self.head_dim).contiguous() for t in cos_sin)
+        local_cos, local_sin = ((t.reshape(rows, self.head_dim).contiguous() for t in local_cos_sin)
+                                if local_cos_sin is not None else (_EMPTY, _EMPTY))
         tables, lens = cpu_native.decode_tables(meta.block_tables, meta.seq_lens, rows)
         weights, kv_scales = self._weights_for(caches)
         return self.native.decode_layers(
-            x.contiguous(), cos, sin, meta.slot_mapping.long(), tables, lens, weights, self.meta,
-            self.num_heads, self.num_kv_heads, self.head_dim, self.intermediate, float(self.eps),
-            float(self.scale), kv_scales,
+            x.contiguous(), cos, sin, local_cos, local_sin, meta.slot_mapping.long(), tables, lens, weights,
+            self.meta, self.num_heads, self.num_kv_heads, self.head_dim, self.intermediate, float(self.eps),
+            float(self.scale), self.activation, kv_scales,
         )

@@ -7,6 +7,7 @@
 #include <ATen/ops/_weight_int4pack_mm_for_cpu.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/gelu.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/silu.h>
 #include <pybind11/pybind11.h>
@@ -59,14 +60,23 @@ static at::Tensor linear(const at::Tensor& x, const at::Tensor* t, const int64_t
 
 std::vector<int64_t> layout() {
   return {PER_LAYER, META_PER_LAYER, LINEAR_TENSORS, LINEAR_META,
-          LINEAR_DENSE, LINEAR_TINYGEMM, LINEAR_INT_DOT, LINEAR_INT8_DOT};
+          LINEAR_DENSE, LINEAR_TINYGEMM, LINEAR_INT_DOT, LINEAR_INT8_DOT, ACT_SILU, ACT_GELU_TANH};
+}
+
+// RMSNorm of each of `rows` rows of `n` floats, `stride` apart, in place; absent weight: nothing.
+static void norm_rows(float* x, int64_t stride, int64_t rows, int64_t n, const at::Tensor& weight, float eps) {
+  if (weight.numel() == 0) return;
+  TORCH_CHECK(weight.numel() == n && weight.scalar_type() == at::kFloat, "norm weight");
+  const float* wp = weight.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) rmsnorm(x + r * stride, wp, x + r * stride, n, eps);
 }
 
 // One decode-only step through all layers (declared, with the per-layer tensors, in decode_layers.h).
-at::Tensor decode_layers(at::Tensor x, at::Tensor cos, at::Tensor sin, at::Tensor slots,
-                         at::Tensor block_tables, at::Tensor seq_lens, std::vector<at::Tensor> w,
-                         std::vector<int64_t> meta, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                         int64_t intermediate, double eps, double scale, std::vector<double> kv_scales) {
+at::Tensor decode_layers(at::Tensor x, at::Tensor cos, at::Tensor sin, at::Tensor local_cos,
+                         at::Tensor local_sin, at::Tensor slots, at::Tensor block_tables, at::Tensor seq_lens,
+                         std::vector<at::Tensor> w, std::vector<int64_t> meta, int64_t num_heads,
+                         int64_t num_kv_heads, int64_t head_dim, int64_t intermediate, double eps, double scale,
+                         int64_t activation, std::vector<double> kv_scales) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x: [B, H] fp32");
   pybind11::gil_scoped_release no_gil;  // pure tensor work: let the server's event loop run meanwhile
   TORCH_CHECK(w.size() % PER_LAYER == 0 && meta.size() == w.size() / PER_LAYER * META_PER_LAYER, "per-layer tensors");
@@ -83,8 +93,14 @@ at::Tensor decode_layers(at::Tensor x, at::Tensor cos, at::Tensor sin, at::Tenso
   check_tables(block_tables, seq_lens, B, NB, BS);
   const int64_t* sp = slots.data_ptr<int64_t>();
   for (int64_t b = 0; b < B; ++b) TORCH_CHECK(sp[b] >= 0 && sp[b] < NB * BS, "slot out of the cache");
-  const float* cp = cos.data_ptr<float>();
-  const float* snp = sin.data_ptr<float>();
+  const bool local = local_cos.numel() > 0;
+  TORCH_CHECK(!local || (local_cos.is_contiguous() && local_sin.is_contiguous() && local_cos.numel() == B * D &&
+                         local_sin.numel() == B * D), "local cos/sin [B, D]");
+  TORCH_CHECK(activation == ACT_SILU || activation == ACT_GELU_TANH, "activation");
+  const float* tables[2][2] = {{cos.data_ptr<float>(), sin.data_ptr<float>()},
+                               {local ? local_cos.data_ptr<float>() : nullptr,
+                                local ? local_sin.data_ptr<float>() : nullptr}};
+  const float epsf = static_cast<float>(eps);
   float* xp = x.data_ptr<float>();
   auto h = at::empty_like(x);
   auto attn = at::empty({B, Hq * D}, x.options());
@@ -104,20 +120,32 @@ at::Tensor decode_layers(at::Tensor x, at::Tensor cos, at::Tensor sin, at::Tenso
   for (int64_t l = 0; l < L; ++l) {
     const at::Tensor* t = w.data() + l * PER_LAYER;
     const int64_t* m = meta.data() + l * META_PER_LAYER;
-    const int64_t window = m[4 * LINEAR_META];
+    const int64_t window = m[4 * LINEAR_META], which = m[4 * LINEAR_META + 1];
+    TORCH_CHECK(which == -1 || which == 0 || (which == 1 && local), "rotary table");
     const at::Tensor& cache = t[PER_LAYER - 1];
     check_cache(cache, D, true);
     TORCH_CHECK(cache.size(1) == NB && cache.size(2) == BS && cache.size(3) == Hkv, "kv caches differ across layers");
     const bool fp8 = cache.scalar_type() == at::ScalarType::Float8_e4m3fn;
     const float k_scale = static_cast<float>(kv_scales[2 * l]), v_scale = static_cast<float>(kv_scales[2 * l + 1]);
+    const at::Tensor *qkv_w = t + 3, *o_w = qkv_w + LINEAR_TENSORS, *gu_w = o_w + LINEAR_TENSORS + 2,
+                     *down_w = gu_w + LINEAR_TENSORS;
+    const at::Tensor &in_norm = t[0], &q_norm = t[1], &k_norm = t[2], &o_norm = o_w[LINEAR_TENSORS],
+                     &mlp_norm = o_w[LINEAR_TENSORS + 1], &out_norm = down_w[LINEAR_TENSORS];
     // attention block
     float* hp = h.data_ptr<float>();
-    const float* n1 = t[0].data_ptr<float>();
-    for (int64_t b = 0; b < B; ++b) rmsnorm(xp + b * H, n1, hp + b * H, H, static_cast<float>(eps));
-    auto qkv = linear(h, t + 1, m).contiguous();
+    const bool pre = in_norm.numel() > 0;
+    if (pre) {
+      std::copy(xp, xp + B * H, hp);
+      norm_rows(hp, H, B, H, in_norm, epsf);
+    }
+    auto qkv = linear(pre ? h : x, qkv_w, m).contiguous();
     TORCH_CHECK(qkv.size(1) == QKV, "qkv width");
     float* qp = qkv.data_ptr<float>();
-    rotate_rows(qp, QKV, cp, snp, B, Hq + Hkv, D);  // q heads, then k heads
+    for (int64_t b = 0; b < B; ++b) {  // q/k norms per head, before rotary
+      norm_rows(qp + b * QKV, D, Hq, D, q_norm, epsf);
+      norm_rows(qp + b * QKV + Hq * D, D, Hkv, D, k_norm, epsf);
+    }
+    if (which >= 0) rotate_rows(qp, QKV, tables[which][0], tables[which][1], B, Hq + Hkv, D);  // q, then k heads
     if (fp8) {  // as edgellm/kernels/paged_attention.write_kv_ref: clamp(x / scale, +-448), round to e4m3
       uint8_t* kc = reinterpret_cast<uint8_t*>(cache.data_ptr());
       uint8_t* vc = kc + NB * BS * Hkv * D;
@@ -145,17 +173,23 @@ at::Tensor decode_layers(at::Tensor x, at::Tensor cos, at::Tensor sin, at::Tenso
                     block_tables.data_ptr<int64_t>(), block_tables.size(1), seq_lens.data_ptr<int64_t>(), B,
                     static_cast<float>(scale), window, 1.f, 1.f, plan_for(window));
     }
-    auto o = linear(attn, t + 1 + LINEAR_TENSORS, m + LINEAR_META).contiguous();
-    const float* op = o.data_ptr<float>();
+    auto o = linear(attn, o_w, m + LINEAR_META).contiguous();
+    float* op = o.data_ptr<float>();
+    norm_rows(op, H, B, H, o_norm, epsf);
     for (int64_t i = 0; i < B * H; ++i) xp[i] += op[i];
     // MLP block
-    const float* n2 = t[1 + 2 * LINEAR_TENSORS].data_ptr<float>();
-    for (int64_t b = 0; b < B; ++b) rmsnorm(xp + b * H, n2, hp + b * H, H, static_cast<float>(eps));
-    auto gu = linear(h, t + 2 + 2 * LINEAR_TENSORS, m + 2 * LINEAR_META);
+    const bool mlp_pre = mlp_norm.numel() > 0;
+    if (mlp_pre) {
+      std::copy(xp, xp + B * H, hp);
+      norm_rows(hp, H, B, H, mlp_norm, epsf);
+    }
+    auto gu = linear(mlp_pre ? h : x, gu_w, m + 2 * LINEAR_META);
     TORCH_CHECK(gu.size(1) == 2 * I, "gate_up width");
-    auto act = at::silu(gu.narrow(1, 0, I)).mul_(gu.narrow(1, I, I));
-    auto d = linear(act, t + 2 + 3 * LINEAR_TENSORS, m + 3 * LINEAR_META).contiguous();
-    const float* dp = d.data_ptr<float>();
+    auto gate = gu.narrow(1, 0, I);
+    auto act = (activation == ACT_SILU ? at::silu(gate) : at::gelu(gate, "tanh")).mul_(gu.narrow(1, I, I));
+    auto d = linear(act, down_w, m + 3 * LINEAR_META).contiguous();
+    float* dp = d.data_ptr<float>();
+    norm_rows(dp, H, B, H, out_norm, epsf);
     for (int64_t i = 0; i < B * H; ++i) xp[i] += dp[i];
   }
   return x;

@@ -17,22 +17,31 @@ namespace edgellm::cpu {
 //   kind 3: the same with int8 codes (no offset).
 constexpr int64_t LINEAR_DENSE = 0, LINEAR_TINYGEMM = 1, LINEAR_INT_DOT = 2, LINEAR_INT8_DOT = 3;
 constexpr int64_t LINEAR_TENSORS = 5, LINEAR_META = 3;
-// input norm, qkv, o, post norm, gate_up, down, kv cache
-constexpr int64_t PER_LAYER = 2 + 4 * LINEAR_TENSORS + 1;
-constexpr int64_t META_PER_LAYER = 4 * LINEAR_META + 1;  // the 4 linears', then the sliding window
+// input norm, q norm, k norm, qkv, o, attention output norm, MLP input norm, gate_up, down, MLP
+// output norm, kv cache (a norm that is an empty tensor is absent)
+constexpr int64_t PER_LAYER = 3 + 2 * LINEAR_TENSORS + 2 + 2 * LINEAR_TENSORS + 1 + 1;
+// the 4 linears', then the sliding window, then the rotary (0: cos/sin, 1: local_cos/local_sin,
+// -1: none)
+constexpr int64_t META_PER_LAYER = 4 * LINEAR_META + 2;
+constexpr int64_t ACT_SILU = 0, ACT_GELU_TANH = 1;  // the gated MLP's activation
 
 // One decode-only step through all layers. x [B, H] fp32 (embeddings in, hidden states out, updated
 // in place); cos/sin [B, D] fp32 (neox halves); slots [B] int64 (where each token's K/V go);
-// block_tables [B, MB] int64; seq_lens [B] int64. Per layer, PER_LAYER tensors in `w`:
-//   input norm weight; qkv (LINEAR_TENSORS); o; post norm weight; gate_up; down; the kv cache
-// with META_PER_LAYER ints in `meta`: qkv, o, gate_up, down (LINEAR_META each), the sliding
-// window (<= 0: none).
-at::Tensor decode_layers(at::Tensor x, at::Tensor cos, at::Tensor sin, at::Tensor slots,
-                         at::Tensor block_tables, at::Tensor seq_lens, std::vector<at::Tensor> w,
-                         std::vector<int64_t> meta, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                         int64_t intermediate, double eps, double scale, std::vector<double> kv_scales);
+// local_cos/local_sin: a second table (Gemma 3's sliding layers) or empty; block_tables [B, MB]
+// int64; seq_lens [B] int64. Per layer, PER_LAYER tensors in `w`: input norm weight (absent:
+// the attention reads x), q and k norm weights ([D], over each head before rotary), qkv
+// (LINEAR_TENSORS), o, the attention output's norm, the MLP input's norm, gate_up, down, the MLP
+// output's norm, the kv cache; with META_PER_LAYER ints in `meta`: qkv, o, gate_up, down
+// (LINEAR_META each), the sliding window (<= 0: none), the rotary. A layer is
+//   x += onorm(o(attn(rotary(qknorm(qkv(inorm(x))))))); x += mnorm(down(act(gate) * up)(pnorm(x)))
+// with every norm RMSNorm(eps) whose weight already holds any offset (Gemma's 1 + w).
+at::Tensor decode_layers(at::Tensor x, at::Tensor cos, at::Tensor sin, at::Tensor local_cos,
+                         at::Tensor local_sin, at::Tensor slots, at::Tensor block_tables, at::Tensor seq_lens,
+                         std::vector<at::Tensor> w, std::vector<int64_t> meta, int64_t num_heads,
+                         int64_t num_kv_heads, int64_t head_dim, int64_t intermediate, double eps, double scale,
+                         int64_t activation, std::vector<double> kv_scales);
 
-// {PER_LAYER, META_PER_LAYER, LINEAR_TENSORS, LINEAR_META, then the four kinds}
+// {PER_LAYER, META_PER_LAYER, LINEAR_TENSORS, LINEAR_META, then the four kinds, the two activations}
 std::vector<int64_t> layout();
 
 }  // namespace edgellm::cpu
