@@ -13,7 +13,13 @@ import torch
 
 from edgellm.kernels import cpu_native
 from edgellm.kernels.paged_attention import paged_attention_ref, write_kv_ref
-from edgellm.models.fused_decode import LINEAR_DENSE, LINEAR_INT_DOT, LINEAR_META, LINEAR_TINYGEMM
+from edgellm.models.fused_decode import (
+    LINEAR_DENSE,
+    LINEAR_INT_DOT,
+    LINEAR_META,
+    LINEAR_TINYGEMM,
+    META_PER_LAYER,
+)
 from tests.quant_tiny import quantize_checkpoint
 
 
@@ -190,7 +196,7 @@ PROMPTS = [[{"role": "user", "content": "What is the capital of France?"}],
 
 def _linear_kinds(fused) -> set[int]:
     """The kinds of every linear in a fused pass's meta (models/fused_decode.py layout)."""
-    per_layer = 4 * LINEAR_META + 2
+    per_layer = META_PER_LAYER
     return {fused.meta[start + j * LINEAR_META] for start in range(0, len(fused.meta), per_layer) for j in range(4)}
 
 

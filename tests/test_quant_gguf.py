@@ -84,7 +84,13 @@ def test_gguf_auto_mode_runs_q4_and_q8_0_as_integer_dots(tiny_gguf, q8_gguf):
     the gguf package's dequantized weight times the activations rounded by the reference rule);
     the fused C++ decode takes both int4 and int8 linears."""
     from edgellm.kernels.reference import dequantize_rows_ref, quantize_rows_ref
-    from edgellm.models.fused_decode import LINEAR_INT8_DOT, LINEAR_INT_DOT, LINEAR_META, FusedDecode
+    from edgellm.models.fused_decode import (
+        LINEAR_INT8_DOT,
+        LINEAR_INT_DOT,
+        LINEAR_META,
+        META_PER_LAYER,
+        FusedDecode,
+    )
 
     for (path, reference), want_bits in ((tiny_gguf, {"qkv_proj": 4, "o_proj": 4, "gate_up_proj": 8, "down_proj": 4}),
                                           (q8_gguf, {"qkv_proj": 8, "o_proj": 8, "gate_up_proj": 4, "down_proj": 8})):
@@ -112,6 +118,6 @@ def test_gguf_auto_mode_runs_q4_and_q8_0_as_integer_dots(tiny_gguf, q8_gguf):
                 assert (got.double() - want).abs().max() <= 1e-5 * want.abs().max(), (name, rows)
         fused = FusedDecode.build(model.model, cpu_native.load())
         assert fused is not None
-        per_layer = 4 * LINEAR_META + 1
+        per_layer = META_PER_LAYER
         kinds = {fused.meta[s + j * LINEAR_META] for s in range(0, len(fused.meta), per_layer) for j in range(4)}
         assert LINEAR_INT_DOT in kinds and (LINEAR_INT8_DOT in kinds) == (8 in want_bits.values())

@@ -41,6 +41,7 @@ _CACHE_DTYPES = (torch.float32, torch.float8_e4m3fn)
 # LINEAR_TENSORS tensors (a, b, c, dense, bias) and LINEAR_META ints (kind, group, max_rows).
 LINEAR_DENSE, LINEAR_TINYGEMM, LINEAR_INT_DOT, LINEAR_INT8_DOT = 0, 1, 2, 3
 LINEAR_TENSORS, LINEAR_META = 5, 3
+META_PER_LAYER = 4 * LINEAR_META + 2  # the 4 linears', the sliding window, the rotary table
 ACT_SILU, ACT_GELU_TANH = 0, 1
 _ACTS = {"silu": ACT_SILU, "swish": ACT_SILU, "gelu_pytorch_tanh": ACT_GELU_TANH, "gelu_tanh": ACT_GELU_TANH}
 
