@@ -194,16 +194,20 @@ class Sampler:
     def __init__(self, grammar: GrammarMasks | None = None) -> None:
         self.grammar = grammar  # how structured-output rows get their masks (None: no such rows)
 
-    def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SampleResult:
-        """logits float32 [B, V] -> one token per row."""
+    def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow],
+                 premasked: Sequence[bool] | None = None) -> SampleResult:
+        """logits float32 [B, V] -> one token per row. premasked: per row, whether its logits
+        already carry its grammar's mask (a logits head that masks itself); those are not masked
+        again."""
         raw = logits
         constrained = [i for i, r in enumerate(rows) if getattr(r, "grammar", None) is not None]
-        need_copy = bool(constrained) or any(r.params.has_penalties or r.params.min_tokens for r in rows)
+        to_mask = [i for i in constrained if not (premasked and premasked[i])]
+        need_copy = bool(to_mask) or any(r.params.has_penalties or r.params.min_tokens for r in rows)
         work = logits.clone() if need_copy else logits
-        if constrained:
+        if to_mask:
             if self.grammar is None:
                 raise RuntimeError("a structured-output row reached a sampler without grammar masks")
-            self.grammar.mask(work, [rows[i].grammar for i in constrained], constrained)  # type: ignore[misc]
+            self.grammar.mask(work, [rows[i].grammar for i in to_mask], to_mask)  # type: ignore[misc]
         for i, row in enumerate(rows):
             p = row.params
             if p.has_penalties:

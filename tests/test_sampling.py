@@ -150,3 +150,27 @@ def test_bad_params_are_clear_errors(bad):
     with pytest.raises(ValueError) as err:
         SamplingParams(**bad)
     assert next(iter(bad)) in str(err.value)
+
+
+def test_premasked_grammar_rows_are_not_masked_again():
+    """Rows whose logits the head already masked skip the sampler's own mask; the others get it."""
+
+    @dataclass
+    class GrammarRow(Row):
+        grammar: object = "matcher"
+
+    class Masks:
+        def __init__(self):
+            self.rows: list[int] = []
+
+        def mask(self, work, matchers, rows):
+            self.rows += rows
+            work[rows, 0] = float("-inf")  # this fake grammar forbids token 0
+
+    x = logits(3, 3)
+    x[:, 0] = 100.0  # token 0 wins unless masked
+    masks = Masks()
+    rows = [GrammarRow(SamplingParams(temperature=0)) for _ in range(3)]
+    out = Sampler(masks)(x, rows, premasked=[True, False, True])
+    assert masks.rows == [1]
+    assert out.token_ids[0] == 0 and out.token_ids[2] == 0 and out.token_ids[1] != 0

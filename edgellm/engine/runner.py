@@ -183,8 +183,10 @@ class ModelRunner:
                 dropped = set(bad)
                 keep = [i for i in range(len(sample_seqs)) if i not in dropped]
                 rows, sample_seqs = rows[keep], [sample_seqs[i] for i in keep]
+                sample_rows = [sample_rows[i] for i in keep]
         if sample_seqs:
-            sampled: SampleResult = self.sampler(rows, sample_seqs)
+            premasked = [r in allowed for r in sample_rows]  # the head applied their grammar masks
+            sampled: SampleResult = self.sampler(rows, sample_seqs, premasked)
             for seq, tok, lp in zip(sample_seqs, sampled.token_ids, sampled.logprobs):
                 result.sampled[seq.request_id] = tok
                 if lp is not None:
