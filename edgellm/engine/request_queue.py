@@ -20,21 +20,13 @@ from edgellm.engine.sequence import Sequence
 POLICIES = ("fcfs", "priority")
 
 
-class FCFSQueue:
-    def __init__(self) -> None:
-        self._q: deque[Sequence] = deque()
+class _Waiting:
+    """What both lines share over their container `_q`, in queue order."""
 
-    def add(self, seq: Sequence) -> None:
-        self._q.append(seq)
-
-    def add_preempted(self, seq: Sequence) -> None:
-        self._q.appendleft(seq)
+    _q: deque[Sequence] | list[Sequence]
 
     def peek(self) -> Sequence:
         return self._q[0]
-
-    def pop(self) -> Sequence:
-        return self._q.popleft()
 
     def remove(self, seq: Sequence) -> None:
         self._q.remove(seq)
@@ -49,12 +41,26 @@ class FCFSQueue:
         return seq in self._q
 
 
+class FCFSQueue(_Waiting):
+    def __init__(self) -> None:
+        self._q: deque[Sequence] = deque()
+
+    def add(self, seq: Sequence) -> None:
+        self._q.append(seq)
+
+    def add_preempted(self, seq: Sequence) -> None:
+        self._q.appendleft(seq)
+
+    def pop(self) -> Sequence:
+        return self._q.popleft()
+
+
 def priority_key(seq: Sequence) -> tuple[int, int]:
     """Lower runs sooner: the request's priority, then its arrival."""
     return (seq.priority, seq.arrival_order)
 
 
-class PriorityQueue:
+class PriorityQueue(_Waiting):
     """A list kept sorted by priority_key (requests are few; inserts are a bisect and a shift)."""
 
     def __init__(self) -> None:
@@ -66,23 +72,8 @@ class PriorityQueue:
     def add_preempted(self, seq: Sequence) -> None:
         self.add(seq)
 
-    def peek(self) -> Sequence:
-        return self._q[0]
-
     def pop(self) -> Sequence:
         return self._q.pop(0)
-
-    def remove(self, seq: Sequence) -> None:
-        self._q.remove(seq)
-
-    def __len__(self) -> int:
-        return len(self._q)
-
-    def __iter__(self) -> Iterator[Sequence]:
-        return iter(self._q)
-
-    def __contains__(self, seq: object) -> bool:
-        return seq in self._q
 
 
 def make_waiting_queue(policy: str) -> FCFSQueue | PriorityQueue:

@@ -30,12 +30,6 @@ class Llama3JsonParser(ToolCallParser):
         self.raw = ""  # the current call's text, given back if it is not a call
         self.count = 0
 
-    def feed(self, text: str) -> list[Event]:
-        out: list[Event] = []
-        for ch in text:
-            self._char(ch, out)
-        return self._emit(out)
-
     def _char(self, ch: str, out: list[Event]) -> None:
         if self.broken:
             out.append(Content(ch))

@@ -40,12 +40,6 @@ class MistralParser(ToolCallParser):
         self.count = 0
         self.in_array = 0  # calls completed in the current array
 
-    def feed(self, text: str) -> list[Event]:
-        out: list[Event] = []
-        for ch in text:
-            self._char(ch, out)
-        return self._emit(out)
-
     def _give_back(self, out: list[Event]) -> None:
         """The text since the opening is not a call: content, and back to text."""
         out.append(Content(self.raw))

@@ -37,12 +37,6 @@ class PythonicParser(ToolCallParser):
         self.count = 0
         self.in_list = 0  # calls completed in this list
 
-    def feed(self, text: str) -> list[Event]:
-        out: list[Event] = []
-        for ch in text:
-            self._char(ch, out)
-        return self._emit(out)
-
     def _give_back(self, out: list[Event]) -> None:
         """The text since the last reported event is not (the rest of) a call list."""
         if self.in_list or self.args is not None and self.args.started:

@@ -60,6 +60,13 @@ class ToolCallParser:
         return self._track(merged)
 
     def feed(self, text: str) -> list[Event]:
+        """The events of `text` (each character consumed once, by _char)."""
+        out: list[Event] = []
+        for ch in text:
+            self._char(ch, out)
+        return self._emit(out)
+
+    def _char(self, ch: str, out: list[Event]) -> None:
         raise NotImplementedError
 
     def finish(self) -> list[Event]:
@@ -81,12 +88,6 @@ class HermesParser(ToolCallParser):
         self.call: CallObject | None = None
         self.count = 0
         self.raw = ""  # the current call's raw text, given back as content if it breaks
-
-    def feed(self, text: str) -> list[Event]:
-        out: list[Event] = []
-        for ch in text:
-            self._char(ch, out)
-        return self._emit(out)
 
     def _char(self, ch: str, out: list[Event]) -> None:
         if self.state == "text" or self.broken:
