@@ -17,8 +17,9 @@ from edgellm.engine.block_manager import BlockManager
 from edgellm.engine.engine import LLMEngine
 from edgellm.engine.runner import kv_cache_bytes_per_block
 from edgellm.engine.scheduler import Scheduler
-from edgellm.engine.sequence import FinishReason, Sequence
+from edgellm.engine.sequence import Sequence
 from edgellm.sampling import SamplingParams
+from tests.test_scheduler import fake_step
 from tests.tiny_models import build_tiny
 
 
@@ -52,20 +53,13 @@ def run(sched: Scheduler, arrivals: dict[int, list[Sequence]] | None = None, max
     while sched.has_unfinished() or any(k >= step for k in arrivals):
         for seq in arrivals.get(step, []):
             sched.add(seq)
-        out = sched.schedule()
+        out, done = fake_step(sched)
         preempted += [s.request_id for s in out.preempted]
-        for item in out.scheduled:
+        for item in out.scheduled:  # a first chunk: it started from no computed tokens
             s = item.seq
-            if s.num_computed_tokens == 0 and s.request_id not in admitted:
+            if s.num_computed_tokens == item.num_new_tokens and s.request_id not in admitted:
                 admitted.append(s.request_id)
-            samples = item.samples
-            s.num_computed_tokens += item.num_new_tokens
-            sched.bm.cache_full_blocks(s, s.num_computed_tokens)
-            if samples:
-                s.append_token(7)
-                if len(s.output_token_ids) >= s.params.max_tokens:
-                    sched.finish(s, FinishReason.LENGTH)
-                    finished.append(s.request_id)
+        finished += [s.request_id for s in done]
         check_invariants(sched)
         step += 1
         assert step < max_steps
