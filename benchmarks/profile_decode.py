@@ -12,6 +12,7 @@ Prints a table of milliseconds per step by phase, the decode tokens/s each batch
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import platform
@@ -29,6 +30,19 @@ from edgellm.sampling import SamplingParams
 RESULTS = Path(__file__).parent / "results"
 
 
+class _Timed:
+    """A callable object whose calls go through `timed`, every other attribute through to it."""
+
+    def __init__(self, inner: object, timed) -> None:
+        self._inner, self._timed = inner, timed
+
+    def __call__(self, *a, **k):
+        return self._timed(*a, **k)
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+
 class PhaseTimer:
     """Wraps the engine's phases with perf_counter timers (monkeypatching bound methods)."""
 
@@ -42,7 +56,8 @@ class PhaseTimer:
         self.wrap(runner, "sampler", "sample")
 
     def wrap(self, owner: object, name: str, key: str) -> None:
-        """Time every call of owner.name under `key` (seconds per call in self.totals[key])."""
+        """Time every call of owner.name under `key` (seconds per call in self.totals[key]); a
+        callable object (the sampler) keeps its attributes through a proxy."""
         fn = getattr(owner, name)
         bucket = self.totals.setdefault(key, [])
 
@@ -53,7 +68,7 @@ class PhaseTimer:
             finally:
                 bucket.append(time.perf_counter() - t0)
 
-        setattr(owner, name, timed)
+        setattr(owner, name, timed if inspect.ismethod(fn) or inspect.isfunction(fn) else _Timed(fn, timed))
 
     def reset(self) -> None:
         for v in self.totals.values():

@@ -238,7 +238,7 @@ def _use_cpu_paths(model: CausalLM, scheme: QuantScheme, cfg: ModelConfig, platf
     if auto:
         calibrate([m.kernel for m in model.modules() if isinstance(getattr(m, "kernel", None), CpuIntDotKernel)])
         if native is not None:
-            model.use_int_dot_logits(native)
+            model.use_int_dot_logits(native, platform.isa.vnni)
     prefill_dtype = torch.bfloat16 if fast or platform.isa.bf16_units else torch.float32
     for layer in model.model.layers:
         attn = layer.self_attn.attn

@@ -20,8 +20,11 @@ from edgellm.kernels.reference import (
     int_linear_ref,
     int_weight_ref,
     pack_int4_blocks_ref,
+    pack_int_n16_ref,
     quantize_rows_ref,
+    tile_n16_ref,
     unpack_int4_blocks_ref,
+    unpack_int_n16_ref,
 )
 
 HOST = detect().host_level
@@ -60,10 +63,20 @@ def _case(m: int, k: int, n: int, group: int, bits: int, half: bool, seed: int, 
     return x, q, scale, offset, bias
 
 
-def _run(native, x, q, scale, offset, bits, group, bias):
-    qweight = pack_int4_blocks_ref(q) if bits == 4 else q.to(torch.int8)
-    return native.int_linear(x, qweight, scale, torch.empty(0) if offset is None else offset, bits, group,
-                             torch.empty(0) if bias is None else bias)
+# weights in the row layout (qgemm.h), and in the n16 layout (qgemm_n16.h) on VNNI (scalar code
+# below avx512) and on AMX tiles from the first row (where the process runs them; VNNI otherwise)
+LAYOUTS = ["rows", "n16", "n16-amx"]
+
+
+def _run(native, x, q, scale, offset, bits, group, bias, layout="rows"):
+    empty = torch.empty(0)
+    bias = empty if bias is None else bias
+    if layout == "rows":
+        qweight = pack_int4_blocks_ref(q) if bits == 4 else q.to(torch.int8)
+        return native.int_linear(x, qweight, scale, empty if offset is None else offset, bits, group, bias)
+    offset = empty if offset is None else tile_n16_ref(offset)
+    return native.int_linear_n16(x, pack_int_n16_ref(q, bits), tile_n16_ref(scale), offset, bits, group, bias,
+                                 q.shape[0], 1 if layout == "n16-amx" else 1 << 62)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -93,12 +106,13 @@ def test_activation_sums_per_half_block(native, shape):
 CASES = ([(s, 4, True) for s in SHAPES] + [(s, 8, o) for s in SHAPES + SHAPES16 for o in (False, True)])
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("half", [False, True])
 @pytest.mark.parametrize("shape,bits,offsets", CASES)
-def test_int_linear_matches_the_reference(native, shape, bits, offsets, half):
+def test_int_linear_matches_the_reference(native, shape, bits, offsets, half, layout):
     m, k, n, group = shape
     x, q, scale, offset, bias = _case(m, k, n, group, bits, half, seed=n * 31 + bits, offsets=offsets)
-    y = _run(native, x, q, scale, offset, bits, group, bias)
+    y = _run(native, x, q, scale, offset, bits, group, bias, layout)
     assert y.shape == (m, n) and y.dtype == torch.float32
     want = int_linear_ref(x, q, scale, offset, group, bias)
     w = int_weight_ref(q, scale, offset, group).double()
@@ -122,6 +136,51 @@ def test_int4_block_packing_round_trips():
     assert packed.shape == (5, 48) and packed.dtype == torch.uint8
     assert torch.equal(unpack_int4_blocks_ref(packed), q.to(torch.uint8))
     assert int(packed[0, 0]) == int(q[0, 0]) | (int(q[0, 16]) << 4)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_n16_packing_round_trips(bits):
+    n, k = 37, 96  # a partial last tile of 5 rows
+    q = torch.randint(0, 16, (n, k)) if bits == 4 else torch.randint(-128, 128, (n, k))
+    packed = pack_int_n16_ref(q, bits)
+    assert packed.shape == (3, 3, 256 if bits == 4 else 512) and packed.dtype == torch.uint8
+    assert torch.equal(unpack_int_n16_ref(packed, n, bits), q.to(torch.int16))
+    # tile 0, block 1, layout row 2, output 5: columns 32 + 8 .. 32 + 11 of row 5
+    e = packed[0, 1].to(torch.int16)
+    if bits == 4:
+        e = torch.cat((e & 15, e >> 4))
+    assert e[2 * 64 + 5 * 4: 2 * 64 + 5 * 4 + 4].tolist() == (q[5, 40:44] + (128 if bits == 8 else 0)).tolist()
+    scale = torch.rand(n, 3)
+    tiled = tile_n16_ref(scale)
+    assert tiled.shape == (3, 3, 16) and torch.equal(tiled[2, 1, :5], scale[32:, 1]) and not tiled[2, :, 5:].any()
+
+
+@pytest.mark.parametrize("rows", [1, 16, 40])
+def test_n16_paths_agree_with_the_row_layout(native, rows):
+    """The same weights in both layouts, on VNNI and on AMX tiles (where they run): the exact
+    integer block dots make every path equal up to fp32 summation order."""
+    x, q, scale, offset, bias = _case(rows, 256, 70, 64, 4, True, seed=rows)
+    want = _run(native, x, q, scale, offset, 4, 64, bias)
+    for layout in LAYOUTS[1:]:
+        got = _run(native, x, q, scale, offset, 4, 64, bias, layout)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+
+
+def test_n16_zero_rows_and_bad_shapes(native):
+    q = torch.randint(0, 16, (20, 64))
+    p, s = pack_int_n16_ref(q, 4), tile_n16_ref(torch.rand(20, 2))
+    empty = torch.empty(0)
+    assert native.int_linear_n16(torch.empty(0, 64), p, s, empty, 4, 32, empty, 20, 0).shape == (0, 20)
+    with pytest.raises(RuntimeError, match="n16 layout"):
+        native.int_linear_n16(torch.randn(1, 64), p, s, empty, 4, 32, empty, 40, 0)  # N past the tiles
+    with pytest.raises(RuntimeError, match="n16 layout"):
+        native.int_linear_n16(torch.randn(1, 64), p, s, empty, 8, 32, empty, 20, 0)  # int4 bytes as int8
+    with pytest.raises(RuntimeError, match="group"):
+        native.int_linear_n16(torch.randn(1, 64), p, tile_n16_ref(torch.rand(20, 4)), empty, 4, 16, empty, 20, 0)
+    with pytest.raises(RuntimeError, match="scale"):
+        native.int_linear_n16(torch.randn(1, 64), p, torch.rand(20, 2), empty, 4, 32, empty, 20, 0)
+    with pytest.raises(RuntimeError, match="bias"):
+        native.int_linear_n16(torch.randn(1, 64), p, s, empty, 4, 32, torch.randn(19), 20, 0)
 
 
 def test_zero_rows_and_bad_shapes(native):

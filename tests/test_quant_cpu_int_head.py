@@ -20,11 +20,25 @@ ISA_LEVELS = [lvl for lvl in LEVELS[1:] if LEVELS.index(lvl) <= LEVELS.index(HOS
 V, K = 3001, 192  # an odd vocabulary, six activation blocks
 
 
-@pytest.fixture(scope="module", params=ISA_LEVELS)
+# the head's codes in the row layout, and in the n16 layout (VNNI, or scalar code below
+# avx512) with, at level amx, its products on AMX tiles from the first row
+CASES = [(lvl, lay) for lvl in ISA_LEVELS for lay in ("rows", "n16", "n16-amx") if lay != "n16-amx" or lvl == "amx"]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=lambda p: f"{p[0]}-{p[1]}")
 def native(request):
-    module = cpu_native.load(CpuIsa(request.param, detect()))
-    assert module is not None, f"the C++ kernels did not build at level {request.param}"
-    return module
+    level, layout = request.param
+    module = cpu_native.load(CpuIsa(level, detect()))
+    assert module is not None, f"the C++ kernels did not build at level {level}"
+    return module, layout
+
+
+def _head(w: torch.Tensor, native) -> IntDotLogitsHead:
+    module, layout = native
+    head = IntDotLogitsHead(w, module, n16=layout != "rows")
+    if layout == "n16-amx":
+        head.amx_rows = 1
+    return head
 
 
 def _weight(g: torch.Generator) -> torch.Tensor:
@@ -36,7 +50,7 @@ def _weight(g: torch.Generator) -> torch.Tensor:
 def test_argmax_and_window(native):
     g = torch.Generator().manual_seed(1)
     w = _weight(g)
-    head = IntDotLogitsHead(w, native)
+    head = _head(w, native)
     x = torch.randn(7, K, generator=g) * 2
     x[:, 5] *= 20  # an outlier channel: its block's other entries round coarsely
     want = F.linear(x, w)
@@ -62,7 +76,7 @@ def test_a_near_tie_is_settled_in_fp32(native):
         twin = (t + 1 + i) % V
         w[twin] = w[t]
         w[twin, 0] += 1e-4 * (1 if x[i, 0] > 0 else -1) * (1 if i % 2 else -1)  # ahead or behind by ~1e-4
-    head = IntDotLogitsHead(w, native)
+    head = _head(w, native)
     want = F.linear(x, w)
     assert torch.equal(head(x).argmax(-1), want.argmax(-1))
 
@@ -70,7 +84,7 @@ def test_a_near_tie_is_settled_in_fp32(native):
 def test_too_many_candidates_recompute_the_row(native, monkeypatch):
     g = torch.Generator().manual_seed(3)
     w = _weight(g)
-    head = IntDotLogitsHead(w, native)
+    head = _head(w, native)
     x = torch.randn(4, K, generator=g)
     monkeypatch.setattr(head, "MAX_CANDIDATES", 0)
     got, want = head(x), F.linear(x, w)
@@ -83,7 +97,7 @@ def test_masked_argmax_is_the_fp32_heads(native):
     value; masks that drop the unmasked maximum, leave a handful of tokens, or a near-tie."""
     g = torch.Generator().manual_seed(5)
     w = _weight(g)
-    head = IntDotLogitsHead(w, native)
+    head = _head(w, native)
     x = torch.randn(6, K, generator=g) * 2
     want = F.linear(x, w)
     allowed = torch.rand(6, V, generator=g) < 0.5
@@ -93,7 +107,7 @@ def test_masked_argmax_is_the_fp32_heads(native):
     allowed[2, torch.randperm(V, generator=g)[:3]] = True  # three tokens
     order = want[3].argsort(descending=True)
     w[order[1]] = w[order[0]] + 1e-7 * torch.randn(K, generator=g)  # a near-tie among allowed tokens
-    head = IntDotLogitsHead(w, native)
+    head = _head(w, native)
     want = F.linear(x, w)
     allowed[3] = False
     allowed[3, order[:2]] = True
@@ -119,7 +133,7 @@ def test_masked_head_takes_an_xgrammar_bitmask(native):
 
     g = torch.Generator().manual_seed(9)
     w = _weight(g)
-    head = IntDotLogitsHead(w, native)
+    head = _head(w, native)
     x = torch.randn(2, K, generator=g)
     allowed = torch.rand(2, V, generator=g) < 0.3
     bits = _bitmask(allowed)
@@ -135,5 +149,5 @@ def test_matmul_warm_up_takes_a_model_with_the_int8_head(native):
     from edgellm.quant.backends import warm_matmul_shapes
 
     model = torch.nn.Module()
-    model.fast_logits = IntDotLogitsHead(_weight(torch.Generator().manual_seed(5)), native)
+    model.fast_logits = _head(_weight(torch.Generator().manual_seed(5)), native)
     assert warm_matmul_shapes(model, 64, 8) == 0

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from edgellm.cpu_isa import select
 from edgellm.kernels import cpu_native
 from edgellm.layers.linear import Linear
 from edgellm.loader import load_model, resolve_checkpoint
@@ -86,7 +87,9 @@ def test_gguf_auto_mode_runs_q4_and_q8_0_as_integer_dots(tiny_gguf, q8_gguf):
     from edgellm.kernels.reference import dequantize_rows_ref, quantize_rows_ref
     from edgellm.models.fused_decode import (
         LINEAR_INT8_DOT,
+        LINEAR_INT8_N16,
         LINEAR_INT_DOT,
+        LINEAR_INT_N16,
         LINEAR_META,
         META_PER_LAYER,
         FusedDecode,
@@ -120,4 +123,5 @@ def test_gguf_auto_mode_runs_q4_and_q8_0_as_integer_dots(tiny_gguf, q8_gguf):
         assert fused is not None
         per_layer = META_PER_LAYER
         kinds = {fused.meta[s + j * LINEAR_META] for s in range(0, len(fused.meta), per_layer) for j in range(4)}
-        assert LINEAR_INT_DOT in kinds and (LINEAR_INT8_DOT in kinds) == (8 in want_bits.values())
+        int4, int8 = (LINEAR_INT_N16, LINEAR_INT8_N16) if select().vnni else (LINEAR_INT_DOT, LINEAR_INT8_DOT)
+        assert int4 in kinds and (int8 in kinds) == (8 in want_bits.values())

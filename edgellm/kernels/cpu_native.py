@@ -31,8 +31,10 @@ applies and falls back to the layer-by-layer path otherwise.
 The C++ lives in edgellm/kernels/csrc/cpu/: vec.h (the vector helpers the kernels
 share: 16 fp32 lanes as one zmm on AVX-512 or two ymm on AVX2), one op per
 .cpp (attention.cpp, decode_layers.cpp, norm.cpp, rotary.cpp, activation.cpp,
-qgemm.cpp for the integer-dot matmuls, logits_head.cpp for the int8 logits
-head; small headers for what one needs from another) and bindings.cpp (the
+qacts.cpp for the activations' int8 quantization, qgemm.cpp / qgemm_n16.cpp /
+qgemm_amx.cpp for the integer-dot matmuls (row layout on AVX2, the 16-row
+interleaved layout on AVX-512 VNNI and AMX tiles), logits_head.cpp for the int8
+logits head; small headers for what one needs from another) and bindings.cpp (the
 Python module), built once per ISA level (edgellm/cpu_isa.py). It is compiled on first use with
 torch.utils.cpp_extension.load (g++, ninja and torch's headers; ~1 min once on
 two cores, cached under $EDGELLM_CACHE/torch_extensions, keyed by every source

@@ -60,3 +60,41 @@ def int_linear_ref(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, offset
     codes, d, _ = quantize_rows_ref(x, group)
     y = dequantize_rows_ref(codes, d).double() @ int_weight_ref(q, scale, offset, group).double().t()
     return y if bias is None else y + bias.double()
+
+
+N16 = 16  # output rows per tile of the n16 layout
+
+
+def pack_int_n16_ref(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """codes [N, K] (int4: 0..15; int8: -128..127) -> the n16 layout qgemm_n16.h reads,
+    [ceil(N / 16), K / 32, 256 (int4) | 512 (int8)] uint8: per tile of 16 output rows and
+    32-column block, e[r * 64 + n * 4 + j] = code(16 t + n, 32 b + 4 r + j) (int8: + 128);
+    int4 packs byte i = e[i] | e[i + 256] << 4. Rows past N hold 0."""
+    n, k = q.shape
+    nt = -(-n // N16)
+    e = torch.zeros(nt * N16, k, dtype=torch.int16)
+    e[:n] = q.to(torch.int16) + (128 if bits == 8 else 0)
+    e = e.reshape(nt, N16, k // ACT_BLOCK, 8, 4).permute(0, 2, 3, 1, 4).reshape(nt, k // ACT_BLOCK, 512)
+    if bits == 4:
+        e = e[..., :256] | (e[..., 256:] << 4)
+    return e.to(torch.uint8).contiguous()
+
+
+def unpack_int_n16_ref(packed: torch.Tensor, n: int, bits: int) -> torch.Tensor:
+    """pack_int_n16_ref's codes back: [n, K] int16."""
+    nt, nb, _ = packed.shape
+    e = packed.to(torch.int16)
+    if bits == 4:
+        e = torch.cat((e & 15, e >> 4), -1)
+    else:
+        e = e - 128
+    return e.reshape(nt, nb, 8, N16, 4).permute(0, 3, 1, 2, 4).reshape(nt * N16, nb * ACT_BLOCK)[:n]
+
+
+def tile_n16_ref(v: torch.Tensor) -> torch.Tensor:
+    """Per-row values [N, G] (scales, offsets) -> [ceil(N / 16), G, 16], rows past N zero."""
+    n, g = v.shape
+    nt = -(-n // N16)
+    out = torch.zeros(nt * N16, g, dtype=v.dtype)
+    out[:n] = v
+    return out.reshape(nt, N16, g).transpose(1, 2).contiguous()

@@ -120,14 +120,16 @@ class CausalLM(nn.Module):
                 return  # a quantized or non-fp32 head keeps its own kernel
         self.fast_logits = CpuFastLogitsHead(weight)
 
-    def use_int_dot_logits(self, native) -> None:
+    def use_int_dot_logits(self, native, n16: bool = False) -> None:
         """CPU mode auto: an integer-dot logits head for argmax-only rows
-        (edgellm/quant/linear_kernels/cpu_int_head.IntDotLogitsHead)."""
+        (edgellm/quant/linear_kernels/cpu_int_head.IntDotLogitsHead; n16: in the interleaved layout
+        of AVX-512 VNNI CPUs, its AMX crossover measured)."""
         from edgellm.quant.linear_kernels.cpu_int_head import IntDotLogitsHead
 
         weight = self.model.embed_tokens.weight if self.lm_head is None else getattr(self.lm_head, "weight", None)
         if isinstance(weight, torch.Tensor) and IntDotLogitsHead.can_implement(weight):
-            self.fast_logits = IntDotLogitsHead(weight, native)
+            self.fast_logits = IntDotLogitsHead(weight, native, n16)
+            self.fast_logits.calibrate()
 
     fast_logits = None
 

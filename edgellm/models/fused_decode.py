@@ -38,9 +38,11 @@ _CACHE_DTYPES = (torch.float32, torch.float8_e4m3fn)
 
 
 # One linear in the per-layer list (edgellm/kernels/csrc/cpu/decode_layers.h declares the same layout):
-# LINEAR_TENSORS tensors (a, b, c, dense, bias) and LINEAR_META ints (kind, group, max_rows).
-LINEAR_DENSE, LINEAR_TINYGEMM, LINEAR_INT_DOT, LINEAR_INT8_DOT = 0, 1, 2, 3
-LINEAR_TENSORS, LINEAR_META = 5, 3
+# LINEAR_TENSORS tensors (a, b, c, dense, bias) and LINEAR_META ints (kind, group, max_rows,
+# out_features, amx_rows; the last two for the n16 kinds only).
+LINEAR_DENSE, LINEAR_TINYGEMM, LINEAR_INT_DOT, LINEAR_INT8_DOT, LINEAR_INT_N16, LINEAR_INT8_N16 = 0, 1, 2, 3, 4, 5
+LINEAR_KINDS = [LINEAR_DENSE, LINEAR_TINYGEMM, LINEAR_INT_DOT, LINEAR_INT8_DOT, LINEAR_INT_N16, LINEAR_INT8_N16]
+LINEAR_TENSORS, LINEAR_META = 5, 5
 META_PER_LAYER = 4 * LINEAR_META + 2  # the 4 linears', the sliding window, the rotary table
 ACT_SILU, ACT_GELU_TANH = 0, 1
 _ACTS = {"silu": ACT_SILU, "swish": ACT_SILU, "gelu_pytorch_tanh": ACT_GELU_TANH, "gelu_tanh": ACT_GELU_TANH}
@@ -61,19 +63,24 @@ def _linear_tensors(module) -> tuple[list[torch.Tensor], list[int]] | None:
         if kernel.perm is not None or kernel.dense_weight is None:
             return None
         return ([kernel.packed, kernel.scale_zero, _EMPTY, kernel.dense_weight, bias],
-                [LINEAR_TINYGEMM, kernel.tinygemm_group, backends.GEMV_MAX_ROWS])
+                [LINEAR_TINYGEMM, kernel.tinygemm_group, backends.GEMV_MAX_ROWS, 0, 0])
     if isinstance(kernel, CpuIntDotKernel):
         if kernel.perm is not None:
             return None
         dense = _EMPTY if kernel.dense is None else kernel.dense
-        return ([kernel.qweight, kernel.scale, kernel.offset, dense, bias],
-                [LINEAR_INT_DOT if kernel.bits == 4 else LINEAR_INT8_DOT, kernel.group, min(kernel.max_rows, 1 << 30)])
+        max_rows = min(kernel.max_rows, 1 << 30)
+        if kernel.n16:
+            kind = LINEAR_INT_N16 if kernel.bits == 4 else LINEAR_INT8_N16
+            return ([kernel.qweight, kernel.scale, kernel.offset, dense, bias],
+                    [kind, kernel.group, max_rows, kernel.n, min(kernel.amx_rows, 1 << 30)])
+        kind = LINEAR_INT_DOT if kernel.bits == 4 else LINEAR_INT8_DOT
+        return [kernel.qweight, kernel.scale, kernel.offset, dense, bias], [kind, kernel.group, max_rows, 0, 0]
     weight = kernel.weight if isinstance(kernel, DenseKernel) else getattr(module, "weight", None)
     if kernel is not None and not isinstance(kernel, DenseKernel):
         return None
     if not isinstance(weight, torch.Tensor) or weight.dtype != torch.float32 or not weight.is_contiguous():
         return None
-    return [_EMPTY, _EMPTY, _EMPTY, weight, bias], [LINEAR_DENSE, 0, 0]
+    return [_EMPTY, _EMPTY, _EMPTY, weight, bias], [LINEAR_DENSE, 0, 0, 0, 0]
 
 
 def _norm(norm) -> torch.Tensor | None:
@@ -134,7 +141,7 @@ class FusedDecode:
         if why is not None:
             logger.info("fused CPU decode off: %s; decoding layer by layer", why)
             return None
-        kinds = [LINEAR_DENSE, LINEAR_TINYGEMM, LINEAR_INT_DOT, LINEAR_INT8_DOT, ACT_SILU, ACT_GELU_TANH]
+        kinds = [*LINEAR_KINDS, ACT_SILU, ACT_GELU_TANH]
         if native.layout() != [len(static[0]) + 1, len(meta) // len(static), LINEAR_TENSORS, LINEAR_META, *kinds]:
             raise RuntimeError(f"fused decode: the C++ module's per-layer layout {native.layout()} is not this one")
         return cls(model, static, meta, native)

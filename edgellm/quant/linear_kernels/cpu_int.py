@@ -5,8 +5,12 @@ int8 weights (Int8Codes: GGUF Q8_0, and the 5/6-bit and K-quant types unpacked t
 W = scale * q (+ offset) per group of 32, or of 16 for Q6_K/Q3_K/Q2_K) keep their codes as they
 are, the scales (and offsets) in fp16 when lossless; everything below holds for them too.
 
-The weight is repacked once at load: codes as 16 bytes per 32-column block (the layout the
-kernel unpacks with one shift and one mask), a scale and an offset per group
+The weight is repacked once at load into the layout of the CPU's kernel: on CPUs with AVX-512
+VNNI, interleaved 16 output rows at a time (the n16 layout of qgemm_n16.h: vpdpbusd's lanes are
+the outputs, and each 32-column block of a tile is AMX's B operand as it is, so steps of many
+rows run on AMX tiles where the CPU has them); elsewhere (AVX2) row by row, each 32-column block
+as 16 bytes (the layout qgemm.cpp unpacks with one shift and one mask). Either way a scale and
+an offset per group
 (W = scale * q + offset covers zero points, symmetric codes and GGUF's Q4_1 minimum), in fp16
 when that is lossless, else fp32. Activations are quantized per call to int8 per 32-column
 block (llama.cpp's Q8_0 rule), so the result differs from the exact path only by that rounding:
@@ -16,7 +20,8 @@ edgellm/kernels/reference.py).
 
 Large steps (prefill) are compute-bound, and there a dense matmul may win: on AVX2 fp32 FMA
 and vpmaddubsw do the same multiply-adds per cycle, with bf16 units (AMX) bf16 wins outright.
-So the kernel may keep a dense copy (the load's budget permitting: bf16 where the CPU has bf16
+On AMX CPUs calibrate() also measures the AMX tiles against VNNI and sets the row count from
+which the tiles run (`amx_rows`). So the kernel may keep a dense copy (the load's budget permitting: bf16 where the CPU has bf16
 units, else fp32), and rows above `max_rows` use it. calibrate() measures the crossover for the
 loaded model at load time (never a constant tuned on one CPU) and drops the dense copies when
 integer dots win at every size it measures.
@@ -87,7 +92,7 @@ class CpuIntDotKernel(LinearKernel):
     """int4 or int8 codes x int8 activations (see the module docstring); fp32 models on CPU."""
 
     def __init__(self, codes: Int4Codes | Int8Codes, native: Any, platform: Platform) -> None:
-        from edgellm.kernels.reference import pack_int4_blocks_ref
+        from edgellm.kernels.reference import pack_int4_blocks_ref, pack_int_n16_ref, tile_n16_ref
         from edgellm.quant.backends import pack_bf16
         from edgellm.quant.schemes import Int8Codes
 
@@ -101,22 +106,28 @@ class CpuIntDotKernel(LinearKernel):
         self.perm = perm
         self.bits = 8 if isinstance(codes, Int8Codes) else 4
         if self.bits == 8:
-            self.qweight = q.to(torch.int8).contiguous()
             if codes.offsets is None:
-                self.scale, self.offset = _compact(codes.scales), _EMPTY
+                scale, offset = _compact(codes.scales), _EMPTY
             else:
-                self.scale, self.offset = _compact_pair(codes.scales.float(), codes.offsets.float())
+                scale, offset = _compact_pair(codes.scales.float(), codes.offsets.float())
         else:
-            self.qweight = pack_int4_blocks_ref(q)
-            self.scale, self.offset = _compact_pair(*int4_affine(codes))
+            scale, offset = _compact_pair(*int4_affine(codes))
+        self.n16 = platform.isa.vnni  # the interleaved layout (else the row layout)
+        if self.n16:
+            self.qweight = pack_int_n16_ref(q, self.bits)
+            self.scale = tile_n16_ref(scale)
+            self.offset = tile_n16_ref(offset) if offset.numel() else _EMPTY
+        else:
+            self.qweight = q.to(torch.int8).contiguous() if self.bits == 8 else pack_int4_blocks_ref(q)
+            self.scale, self.offset = scale, offset
         self.max_rows = 1 << 62  # rows up to which the integer dots run (calibrate() lowers it)
+        self.amx_rows = 1 << 62  # rows from which the n16 layout runs on AMX tiles (calibrate())
         self.dense: torch.Tensor | None = None
         self.dense_bf16 = platform.isa.bf16_units
         if platform.reserve_dense(self.n * self.k * (2 if self.dense_bf16 else 4)):
-            from edgellm.kernels.reference import int_weight_ref, unpack_int4_blocks_ref
+            from edgellm.kernels.reference import int_weight_ref
 
-            q = self.qweight if self.bits == 8 else unpack_int4_blocks_ref(self.qweight)
-            w = int_weight_ref(q, self.scale, self.offset if self.offset.numel() else None, self.group)
+            w = int_weight_ref(q, scale, offset if offset.numel() else None, self.group)
             self.dense = pack_bf16(w) if self.dense_bf16 else w.contiguous()
 
     @classmethod
@@ -142,9 +153,13 @@ class CpuIntDotKernel(LinearKernel):
             return False, "act-order groups that are not a permutation of contiguous ones"
         return True, None
 
-    def int_dot(self, x2: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """x2 [M, K] fp32 (stored column order) -> [M, N] fp32 by integer dots."""
+    def int_dot(self, x2: torch.Tensor, bias: torch.Tensor | None, amx_rows: int | None = None) -> torch.Tensor:
+        """x2 [M, K] fp32 (stored column order) -> [M, N] fp32 by integer dots (n16: on AMX tiles
+        from `amx_rows` rows, default self.amx_rows)."""
         b = _EMPTY if bias is None else bias
+        if self.n16:
+            return self.native.int_linear_n16(x2, self.qweight, self.scale, self.offset, self.bits, self.group, b,
+                                              self.n, self.amx_rows if amx_rows is None else amx_rows)
         return self.native.int_linear(x2, self.qweight, self.scale, self.offset, self.bits, self.group, b)
 
     def dense_matmul(self, x2: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -179,11 +194,37 @@ def _time(fn, repeats: int = 3) -> float:
     return best
 
 
+def calibrate_amx(kernels: list[CpuIntDotKernel], layers: int = 2) -> int | None:
+    """On a host whose kernels run AMX tiles: measure the n16 kernels of the first `layers`
+    layers on AMX tiles against VNNI at CALIBRATION_ROWS and set every n16 kernel's amx_rows to
+    the smallest row count from which the tiles were faster at every size measured (None, and
+    VNNI throughout, when they never were or the host has no AMX)."""
+    n16 = [k for k in kernels if k.n16]
+    if not n16 or not n16[0].native.amx_ready():
+        return None
+    sample = n16[: max(1, layers * 4)]
+    never = 1 << 62
+    wins = []
+    with torch.inference_mode():
+        for rows in CALIBRATION_ROWS:
+            xs = [torch.randn(rows, k.k) for k in sample]
+            t_vnni = _time(lambda: [k.int_dot(x, None, never) for k, x in zip(sample, xs)])
+            t_amx = _time(lambda: [k.int_dot(x, None, 0) for k, x in zip(sample, xs)])
+            wins.append(t_amx < t_vnni)
+    start = next((i for i in range(len(wins)) if all(wins[i:])), None)
+    amx_rows = CALIBRATION_ROWS[start] if start is not None else None
+    for k in n16:
+        k.amx_rows = never if amx_rows is None else amx_rows
+    logger.info("AMX tiles vs VNNI: %s", f"tiles from {amx_rows} rows" if amx_rows else "VNNI at every size measured")
+    return amx_rows
+
+
 def calibrate(kernels: list[CpuIntDotKernel], layers: int = 2) -> int | None:
-    """Measure integer dots against the dense copies on the first `layers` layers' worth of
-    kernels (each kernel's shape, fresh random activations) at CALIBRATION_ROWS, set every
+    """calibrate_amx, then measure integer dots against the dense copies on the first `layers`
+    layers' worth of kernels (each kernel's shape, fresh random activations) at CALIBRATION_ROWS, set every
     kernel's max_rows to the largest row count up to which the integer dots were not slower, and
     drop the dense copies when they never won. Returns that crossover (None: nothing to measure)."""
+    calibrate_amx(kernels, layers)
     with_dense = [k for k in kernels if k.dense is not None]
     if not with_dense:
         return None

@@ -24,16 +24,48 @@ _NO_MASK = torch.empty(0, dtype=torch.int32)
 
 
 class IntDotLogitsHead(CpuFastLogitsHead):
-    def __init__(self, weight: torch.Tensor, native: Any) -> None:
+    """n16: the codes in the interleaved layout of CPUs with AVX-512 VNNI (qgemm_n16.h), whose
+    steps of `amx_rows` rows or more run on AMX tiles (calibrate())."""
+
+    def __init__(self, weight: torch.Tensor, native: Any, n16: bool = False) -> None:
+        from edgellm.kernels.reference import pack_int_n16_ref, tile_n16_ref
+
         w = weight.float()
         scale = (w.abs().amax(1, keepdim=True) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
-        self.codes = torch.round(w / scale).clamp_(-127, 127).to(torch.int8).contiguous()
-        self.scale = scale.contiguous()
+        codes = torch.round(w / scale).clamp_(-127, 127).to(torch.int8).contiguous()
         self.w_ms = float(w.square().mean(1).max())
-        self.err_ms = float((w - self.codes.float() * scale).square().mean(1).max())
+        self.err_ms = float((w - codes.float() * scale).square().mean(1).max())
+        self.n16 = n16
+        self.codes = pack_int_n16_ref(codes, 8) if n16 else codes
+        self.scale = tile_n16_ref(scale) if n16 else scale.contiguous()
+        self.amx_rows = 1 << 62
         self.k = w.shape[1]
         self.native = native
         self.weight = weight  # the model's own (tied) matrix: no copy
+
+    def int_dot(self, x: torch.Tensor, amx_rows: int | None = None) -> torch.Tensor:
+        """The int8 products [M, V] alone (no window, no recheck)."""
+        if self.n16:
+            return self.native.int_linear_n16(x, self.codes, self.scale, torch.empty(0), 8, self.k, torch.empty(0),
+                                              self.weight.shape[0], self.amx_rows if amx_rows is None else amx_rows)
+        return self.native.int_linear(x, self.codes, self.scale, torch.empty(0), 8, self.k, torch.empty(0))
+
+    def calibrate(self, rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32)) -> int | None:
+        """n16 on a host that runs AMX tiles: set amx_rows to the smallest of `rows` from which the
+        tiles were faster than VNNI at every size measured (fresh random activations)."""
+        if not self.n16 or not self.native.amx_ready():
+            return None
+        from edgellm.quant.linear_kernels.cpu_int import _time
+
+        never = 1 << 62
+        wins = []
+        with torch.inference_mode():
+            for r in rows:
+                x = torch.randn(r, self.k)
+                wins.append(_time(lambda: self.int_dot(x, 0)) < _time(lambda: self.int_dot(x, never)))
+        start = next((i for i in range(len(wins)) if all(wins[i:])), None)
+        self.amx_rows = never if start is None else rows[start]
+        return None if start is None else rows[start]
 
     @classmethod
     def can_implement(cls, weight: torch.Tensor) -> bool:
@@ -43,7 +75,7 @@ class IntDotLogitsHead(CpuFastLogitsHead):
     def approximate(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(approximate fp32 logits [M, V], each row's max [M, 1], the window half-width [M, 1])."""
         x = x.contiguous()
-        logits = self.native.int_linear(x, self.codes, self.scale, torch.empty(0), 8, self.k, torch.empty(0))
+        logits = self.int_dot(x)
         codes, d, _ = self.native.quantize_rows(x, self.k)
         err = x - (codes.float().view(x.shape[0], -1, 32) * d[..., None]).view_as(x)
         sigma = (x.square().sum(-1, keepdim=True) * self.err_ms + err.square().sum(-1, keepdim=True) * self.w_ms).sqrt()
@@ -54,7 +86,7 @@ class IntDotLogitsHead(CpuFastLogitsHead):
         """approximate() and the fp32 recheck of the window's tokens, in one C++ call
         (edgellm/kernels/csrc/cpu/logits_head.cpp; a row over MAX_CANDIDATES is recomputed whole)."""
         return self.native.int8_argmax_logits(x.contiguous(), self.codes, self.scale, self.weight, self.w_ms,
-                                              self.err_ms, self.SIGMAS, self.MAX_CANDIDATES, _NO_MASK)
+                                              self.err_ms, self.SIGMAS, self.MAX_CANDIDATES, _NO_MASK, self.amx_rows)
 
     def masked(self, x: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
         """Logits [M, V] for greedy rows under a grammar, bitmask int32 [M, ceil(V / 32)] (bit j of
@@ -62,7 +94,7 @@ class IntDotLogitsHead(CpuFastLogitsHead):
         that reads the bitmask words as they are."""
         return self.native.int8_argmax_logits(x.contiguous(), self.codes, self.scale, self.weight, self.w_ms,
                                               self.err_ms, self.SIGMAS, self.MAX_CANDIDATES,
-                                              bitmask.to(torch.int32).contiguous())
+                                              bitmask.to(torch.int32).contiguous(), self.amx_rows)
 
     def masked_ref(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
         """Logits [M, V] for greedy rows under a grammar: -inf where allowed [M, V] (bool) is False,

@@ -8,6 +8,7 @@
 #include "logits_head.h"
 #include "norm.h"
 #include "qgemm.h"
+#include "qgemm_n16.h"
 #include "rotary.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -18,6 +19,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", torch::wrap_pybind_function(edgellm::cpu::rms_norm), "rms_norm");
   m.def("layout", &edgellm::cpu::layout, "the fused decode's per-layer layout (decode_layers.h)");
   m.def("int_linear", torch::wrap_pybind_function(edgellm::cpu::int_linear_op), "int_linear");
+  m.def("int_linear_n16", torch::wrap_pybind_function(edgellm::cpu::int_linear_n16_op), "int_linear_n16");
+  m.def("amx_ready", &edgellm::cpu::amx_ready, "whether AMX tiles run in this process");
   m.def("quantize_rows", torch::wrap_pybind_function(edgellm::cpu::quantize_rows), "quantize_rows");
   m.def("int8_argmax_logits", torch::wrap_pybind_function(edgellm::cpu::int8_argmax_logits), "int8_argmax_logits");
 }

@@ -19,6 +19,7 @@
 
 #include "attention.h"
 #include "qgemm.h"
+#include "qgemm_n16.h"
 #include "norm.h"
 #include "rotary.h"
 
@@ -44,6 +45,9 @@ static at::Tensor linear(const at::Tensor& x, const at::Tensor* t, const int64_t
   if ((kind == LINEAR_INT_DOT || kind == LINEAR_INT8_DOT) && (small || dense.numel() == 0)) {
     return int_linear(x.contiguous(), a, b, c, kind == LINEAR_INT8_DOT ? 8 : 4, group, bias);
   }
+  if ((kind == LINEAR_INT_N16 || kind == LINEAR_INT8_N16) && (small || dense.numel() == 0)) {
+    return int_linear_n16(x.contiguous(), a, b, c, kind == LINEAR_INT8_N16 ? 8 : 4, group, bias, m[3], m[4]);
+  }
   at::Tensor y;
   if (kind == LINEAR_TINYGEMM && small) {
     y = at::_weight_int4pack_mm_for_cpu(x.to(at::kBFloat16), a, group, b).to(at::kFloat);
@@ -60,7 +64,8 @@ static at::Tensor linear(const at::Tensor& x, const at::Tensor* t, const int64_t
 
 std::vector<int64_t> layout() {
   return {PER_LAYER, META_PER_LAYER, LINEAR_TENSORS, LINEAR_META,
-          LINEAR_DENSE, LINEAR_TINYGEMM, LINEAR_INT_DOT, LINEAR_INT8_DOT, ACT_SILU, ACT_GELU_TANH};
+          LINEAR_DENSE, LINEAR_TINYGEMM, LINEAR_INT_DOT, LINEAR_INT8_DOT, LINEAR_INT_N16, LINEAR_INT8_N16,
+          ACT_SILU, ACT_GELU_TANH};
 }
 
 // RMSNorm of each of `rows` rows of `n` floats, `stride` apart, in place; absent weight: nothing.

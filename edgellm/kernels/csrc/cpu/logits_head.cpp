@@ -14,18 +14,21 @@
 #include <vector>
 
 #include "qgemm.h"
+#include "qgemm_n16.h"
 #include "vec.h"
 
 namespace edgellm::cpu {
 
 at::Tensor int8_argmax_logits(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
                               const at::Tensor& weight, double w_ms, double err_ms, double sigmas,
-                              int64_t max_candidates, const at::Tensor& allowed) {
+                              int64_t max_candidates, const at::Tensor& allowed, int64_t amx_rows) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x: [M, K] fp32, contiguous");
-  const int64_t M = x.size(0), K = x.size(1), V = codes.size(0);
-  TORCH_CHECK(codes.dim() == 2 && codes.size(1) == K && codes.scalar_type() == at::kChar, "codes: [V, K] int8");
-  TORCH_CHECK(weight.dim() == 2 && weight.size(0) == V && weight.size(1) == K && weight.scalar_type() == at::kFloat &&
-                  weight.is_contiguous(), "weight: [V, K] fp32, contiguous");
+  const int64_t M = x.size(0), K = x.size(1), V = weight.size(0);
+  const bool n16 = codes.dim() == 3;
+  TORCH_CHECK(n16 || (codes.dim() == 2 && codes.size(0) == V && codes.size(1) == K && codes.scalar_type() == at::kChar),
+              "codes: [V, K] int8 or the n16 layout of them");
+  TORCH_CHECK(weight.dim() == 2 && weight.size(1) == K && weight.scalar_type() == at::kFloat && weight.is_contiguous(),
+              "weight: [V, K] fp32, contiguous");
   const bool masked = allowed.numel() > 0;
   const int64_t W = (V + 31) / 32;
   TORCH_CHECK(!masked || (allowed.dim() == 2 && allowed.size(0) == M && allowed.size(1) == W &&
@@ -33,7 +36,8 @@ at::Tensor int8_argmax_logits(const at::Tensor& x, const at::Tensor& codes, cons
               "allowed: empty or [M, ceil(V / 32)] int32, contiguous");
   pybind11::gil_scoped_release no_gil;
   const at::Tensor none = at::empty({0}, x.options());
-  at::Tensor logits = int_linear(x, codes, scale, none, 8, K, none);
+  at::Tensor logits = n16 ? int_linear_n16(x, codes, scale, none, 8, K, none, V, amx_rows)
+                          : int_linear(x, codes, scale, none, 8, K, none);
   if (M == 0) return logits;
   const std::vector<at::Tensor> q = quantize_rows(x, K);
   const int8_t* a = q[0].data_ptr<int8_t>();

@@ -8,7 +8,8 @@ namespace edgellm::cpu {
 
 // Logits [M, V] fp32 for rows x [M, K] fp32 of which only the argmax is needed, from the head's
 // int8 codes [V, K] (one fp32 scale per vocabulary row, scale [V, 1]) and its fp32 weight [V, K]:
-// y = the int8 products (int_linear, bits 8, one group), then per row the window that holds the
+// y = the int8 products (int_linear, bits 8, one group; or, with codes and scale in the n16
+// layout, int_linear_n16 with AMX tiles from amx_rows rows), then per row the window that holds the
 // fp32 maximum, half-width B = sigmas * sqrt(|x|^2 err_ms + |x - x_q|^2 w_ms) + max|y| * 1e-5
 // (x_q: x as the kernel rounded it; err_ms / w_ms: the largest per-row mean squares of the
 // weight's rounding error and of the weight), and every token with y >= max(y) - 2B recomputed
@@ -20,6 +21,6 @@ namespace edgellm::cpu {
 // only allowed tokens are recomputed, so the masked argmax is the fp32 head's.
 at::Tensor int8_argmax_logits(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
                               const at::Tensor& weight, double w_ms, double err_ms, double sigmas,
-                              int64_t max_candidates, const at::Tensor& allowed);
+                              int64_t max_candidates, const at::Tensor& allowed, int64_t amx_rows);
 
 }  // namespace edgellm::cpu

@@ -1,7 +1,7 @@
 // Integer-dot matmuls for int4 and int8 weights with int8 activations (the contract: qgemm.h).
 //
-// Activations are quantized once per call, per row and 32-column block (llama.cpp's Q8_0 rule),
-// then every output is a sum over blocks of d_b * scale * dot(q_b, a_b) with the block dot in
+// Activations are quantized once per call, per row and 32-column block (llama.cpp's Q8_0 rule;
+// qacts.h, into the calling thread's scratch buffers), then every output is a sum over blocks of d_b * scale * dot(q_b, a_b) with the block dot in
 // exact integer arithmetic:
 //   AVX2: int4 codes are unsigned (0..15), so vpmaddubsw multiplies them with the signed
 //   activations directly (pairs of u8 x s8 into s16: at most 2 * 15 * 127, no saturation), then
@@ -12,8 +12,11 @@
 //   A zero point or offset adds offset * sum_b d_b * sum(a_b), precomputed per activation group.
 //   Elsewhere (no AVX2) the same sums in scalar code.
 // Work is split over torch's threads by tiles of output rows; each tile's weight rows stay in
-// L1 while every activation row passes over them.
+// L1 while every activation row passes over them. CPUs with AVX-512 VNNI take the n16 layout
+// instead (qgemm_n16.h).
 #include "qgemm.h"
+
+#include "qacts.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
@@ -32,8 +35,6 @@
 namespace edgellm::cpu {
 namespace {
 
-constexpr int64_t QB = 32;  // activation block (columns)
-
 inline float load_scale(const float* p) { return *p; }
 inline float load_scale(const c10::Half* p) {
 #if defined(__F16C__)
@@ -51,20 +52,6 @@ inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-inline float hmax8(__m256 v) {
-  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_max_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-inline int32_t hsum8i(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-  return _mm_cvtsi128_si32(s);
-}
-
 // [v[0] x 4, v[1] x 4]: two consecutive per-block (or per-group) factors as one vector whose low
 // 128 bits scale block b and high 128 bits block b + 1.
 inline __m256 pair_of(const float* v) {
@@ -78,64 +65,6 @@ inline __m256 pair_of(const c10::Half* v) {
   return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(two), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
 }
 #endif
-
-// One row of K columns -> int8 codes, per-block d, per-group sum of d_b * sum(a_b) (group 16:
-// each half block's d_b * sum(a) on its own).
-void quantize_row(const float* x, int64_t K, int64_t group, int8_t* a, float* d, float* dsum) {
-  const int64_t blocks_per_group = group / QB;
-  for (int64_t g = 0; g < K / std::max<int64_t>(group, QB); ++g) {
-    float ds = 0.f;
-    for (int64_t b = g * std::max<int64_t>(blocks_per_group, 1); b < (g + 1) * std::max<int64_t>(blocks_per_group, 1); ++b) {
-      const float* xb = x + b * QB;
-      int8_t* ab = a + b * QB;
-#if defined(__AVX2__)
-      const __m256 sign = _mm256_set1_ps(-0.f);
-      __m256 v[4];
-      __m256 mx = _mm256_setzero_ps();
-      for (int i = 0; i < 4; ++i) {
-        v[i] = _mm256_loadu_ps(xb + 8 * i);
-        mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[i]));
-      }
-      const float amax = hmax8(mx);
-      const float db = amax / 127.f;
-      const __m256 id = _mm256_set1_ps(db > 0.f ? 1.f / db : 0.f);
-      __m256i r[4];
-      for (int i = 0; i < 4; ++i)
-        r[i] = _mm256_cvtps_epi32(
-            _mm256_round_ps(_mm256_mul_ps(v[i], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-      const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(ab),
-                          _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-      const int32_t lo = hsum8i(_mm256_add_epi32(r[0], r[1])), hi = hsum8i(_mm256_add_epi32(r[2], r[3]));
-#else
-      float amax = 0.f;
-      for (int64_t j = 0; j < QB; ++j) amax = std::max(amax, std::fabs(xb[j]));
-      const float db = amax / 127.f;
-      const float id = db > 0.f ? 1.f / db : 0.f;
-      int32_t lo = 0, hi = 0;
-      for (int64_t j = 0; j < QB; ++j) {
-        ab[j] = static_cast<int8_t>(std::nearbyint(xb[j] * id));
-        (j < QB / 2 ? lo : hi) += ab[j];
-      }
-#endif
-      d[b] = db;
-      if (group < QB) {
-        dsum[2 * b] = db * static_cast<float>(lo);
-        dsum[2 * b + 1] = db * static_cast<float>(hi);
-      } else {
-        ds += db * static_cast<float>(lo + hi);
-      }
-    }
-    if (group >= QB) dsum[g] = ds;
-  }
-}
-
-struct Acts {
-  const int8_t* a;     // [M, K]
-  const float* d;      // [M, K / 32]
-  const float* dsum;   // [M, G]
-  int64_t K, nb, G;
-};
 
 template <typename S>
 struct Weights {
@@ -169,7 +98,7 @@ inline float offset_dot(const S* o, const float* ds, int64_t G) {
 
 // Outputs y[m][n0 .. n0 + NR) for the activation rows m0 .. m0 + MR.
 template <int BITS, int NR, int MR, typename S>
-void tile(const Weights<S>& w, int64_t n0, const Acts& x, int64_t m0, float* y, int64_t ldy, const float* bias) {
+void tile(const Weights<S>& w, int64_t n0, const QActs& x, int64_t m0, float* y, int64_t ldy, const float* bias) {
   constexpr int64_t BLOCK_BYTES = BITS == 4 ? QB / 2 : QB;
   const uint8_t* wq[NR];
   const S* ws[NR];
@@ -303,14 +232,14 @@ constexpr int NR = 4;  // output rows per tile
 constexpr int MR = 2;  // activation rows sharing one pass over the tile's unpacked weights
 
 template <int BITS, int R, typename S>
-void rows(const Weights<S>& w, int64_t n0, const Acts& x, int64_t M, float* y, int64_t ldy, const float* bias) {
+void rows(const Weights<S>& w, int64_t n0, const QActs& x, int64_t M, float* y, int64_t ldy, const float* bias) {
   int64_t m = 0;
   for (; m + MR <= M; m += MR) tile<BITS, R, MR>(w, n0, x, m, y, ldy, bias);
   for (; m < M; ++m) tile<BITS, R, 1>(w, n0, x, m, y, ldy, bias);
 }
 
 template <int BITS, typename S>
-void run(const Weights<S>& w, int64_t N, const Acts& x, int64_t M, float* y, const float* bias) {
+void run(const Weights<S>& w, int64_t N, const QActs& x, int64_t M, float* y, const float* bias) {
   const int64_t tiles = (N + NR - 1) / NR;
   at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
@@ -324,20 +253,13 @@ void run(const Weights<S>& w, int64_t N, const Acts& x, int64_t M, float* y, con
   });
 }
 
-Acts quantize(const at::Tensor& x, int64_t group, at::Tensor& a, at::Tensor& d, at::Tensor& dsum) {
+void quantize(const at::Tensor& x, int64_t group, at::Tensor& a, at::Tensor& d, at::Tensor& dsum) {
   const int64_t M = x.size(0), K = x.size(1);
   a = at::empty({M, K}, x.options().dtype(at::kChar));
   d = at::empty({M, K / QB}, x.options());
   dsum = at::empty({M, K / group}, x.options());
-  const float* xp = x.data_ptr<float>();
-  int8_t* ap = a.data_ptr<int8_t>();
-  float* dp = d.data_ptr<float>();
-  float* sp = dsum.data_ptr<float>();
-  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
-    for (int64_t m = m0; m < m1; ++m)
-      quantize_row(xp + m * K, K, group, ap + m * K, dp + m * (K / QB), sp + m * (K / group));
-  });
-  return Acts{ap, dp, sp, K, K / QB, K / group};
+  quantize_into(x.data_ptr<float>(), M, K, group, a.data_ptr<int8_t>(), d.data_ptr<float>(), dsum.data_ptr<float>(),
+                nullptr);
 }
 
 void check_acts(const at::Tensor& x, int64_t group) {
@@ -376,8 +298,7 @@ at::Tensor int_linear(const at::Tensor& x, const at::Tensor& qweight, const at::
               "bias: [N] fp32, or empty");
   auto y = at::empty({M, N}, x.options());
   if (M == 0) return y;
-  at::Tensor a, d, dsum;
-  const Acts acts = quantize(x, group, a, d, dsum);
+  const QActs acts = act_scratch().quantize(x.data_ptr<float>(), M, M, K, group);
   const float* bp = bias.numel() > 0 ? bias.data_ptr<float>() : nullptr;
   auto go = [&](auto tag) {
     using S = decltype(tag);

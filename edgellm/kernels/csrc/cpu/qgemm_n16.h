@@ -1,0 +1,55 @@
+// Integer-dot matmuls over weights interleaved 16 output rows at a time (qgemm_n16.cpp, and
+// qgemm_amx.cpp for AMX tiles).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Half.h>
+#include <cstdint>
+
+#include "qacts.h"
+
+namespace edgellm::cpu {
+
+// The layout ("n16"; edgellm/kernels/reference.pack_int_n16_ref is its statement). Output rows
+// are taken 16 at a time (a tile t: rows 16 t .. 16 t + 15, rows past N hold code 0 and scale 0),
+// and each 32-column block b of a tile is the B operand of an AMX int8 dot product: 8 rows of 64
+// bytes, row r holding for each of the 16 outputs n the four codes of columns 4 r .. 4 r + 3:
+//   e[r * 64 + n * 4 + j] = code(16 t + n, 32 b + 4 r + j),
+// int8 codes stored as code + 128 (unsigned), so AVX-512 VNNI's vpdpbusd and AMX's tdpbsud take
+// them with the signed activations (the + 128 is taken back out exactly, in integers, by the
+// activations' block sums); int4 codes (0..15) packed two to a byte: byte i = e[i] | e[i + 256] << 4.
+// qweight [NT, K / 32, 256 (int4) or 512 (int8)] uint8; scale and offset [NT, G, 16] fp32 or fp16.
+constexpr int64_t N16 = 16;
+
+template <typename S>
+struct N16Weights {
+  const uint8_t* q;
+  const S* scale;   // [NT, G, 16]
+  const S* offset;  // [NT, G, 16] or nullptr
+  int64_t NT, nb, G, bpg, N;  // bpg: blocks per group (0: groups of 16, int8 only)
+  int64_t tile_bytes() const { return nb * block_bytes; }
+  int64_t block_bytes;  // 256 (int4) or 512 (int8)
+};
+
+// y [M, N] fp32 = x W^T (+ bias) with W as the row layout's contract (qgemm.h) in the n16 layout
+// above; `n` = N. Rows run as AMX tiles when M >= amx_rows and the build and the OS allow AMX,
+// else by VNNI dot products (AVX-512 VNNI builds) or scalar code; the integer block dots are
+// exact either way, so every path returns the same sums up to fp32 summation order.
+at::Tensor int_linear_n16(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                          const at::Tensor& offset, int64_t bits, int64_t group, const at::Tensor& bias, int64_t n,
+                          int64_t amx_rows);
+at::Tensor int_linear_n16_op(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
+                             const at::Tensor& offset, int64_t bits, int64_t group, const at::Tensor& bias,
+                             int64_t n, int64_t amx_rows);
+
+// Whether this build and this process can run AMX tiles (the build has AMX-INT8 and the kernel
+// granted the tile state; asked once).
+bool amx_ready();
+
+// The AMX path for tiles [t0, t1) and all M rows (qgemm_amx.cpp; x padded to a multiple of 16
+// rows with zero codes). Only called when amx_ready().
+template <int BITS, typename S>
+void amx_tiles(const N16Weights<S>& w, int64_t t0, int64_t t1, const QActs& x, int64_t M, float* y,
+               const float* bias);
+
+}  // namespace edgellm::cpu
