@@ -23,16 +23,34 @@ from edgellm.tools.spec import (
     with_generic_prompt,
 )
 
-Prompt = str | Seq[int]
+# a text, token ids, or vLLM's TextPrompt / TokensPrompt dicts ({"prompt": ...} / {"prompt_token_ids": ...})
+Prompt = str | Seq[int] | dict[str, Any]
 
 
-def _as_prompt_list(prompts: Prompt | Seq[Prompt]) -> list[Prompt]:
-    if isinstance(prompts, str):
-        return [prompts]
+def _one_prompt(p: Any) -> str | list[int]:
+    """A prompt as the engine takes it (text or token ids); a TypeError names anything else."""
+    if isinstance(p, dict):
+        keys = set(p) - {"multi_modal_data", "mm_processor_kwargs", "cache_salt"}
+        if keys == {"prompt_token_ids"}:
+            p = p["prompt_token_ids"]
+        elif keys == {"prompt"}:
+            p = p["prompt"]
+        else:
+            raise TypeError(f"a prompt dict takes 'prompt' (text) or 'prompt_token_ids', got keys {sorted(p)}")
+    if isinstance(p, str):
+        return p
+    if isinstance(p, Seq) and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+        return list(p)
+    raise TypeError(f"a prompt is a string, a list of token ids or a dict; got {type(p).__name__}")
+
+
+def _as_prompt_list(prompts: Prompt | Seq[Prompt]) -> list[str | list[int]]:
+    if isinstance(prompts, (str, dict)):
+        return [_one_prompt(prompts)]
     items = list(prompts)
     if items and all(isinstance(t, int) for t in items):
-        return [items]  # one prompt given as token ids
-    return items
+        return [_one_prompt(items)]  # one prompt given as token ids
+    return [_one_prompt(p) for p in items]
 
 
 def expand_n(params: SamplingParams) -> list[SamplingParams]:

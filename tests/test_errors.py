@@ -45,6 +45,21 @@ def test_out_of_vocab_token(llm):
         llm.generate([[1, 2, 99999]])
 
 
+def test_vllm_prompt_dicts(llm):
+    """vLLM's TokensPrompt dict is the same prompt as its token ids, alone or in a list; a dict
+    with other keys, or a prompt of another type, is a TypeError that says what a prompt is."""
+    greedy = SamplingParams(max_tokens=4, temperature=0)
+    want = [o.outputs[0].token_ids for o in llm.generate([[1, 2, 3], [4, 5]], greedy)]
+    got = llm.generate([{"prompt_token_ids": [1, 2, 3]}, {"prompt_token_ids": [4, 5]}], greedy)
+    assert [o.outputs[0].token_ids for o in got] == want
+    assert llm.generate({"prompt_token_ids": [1, 2, 3]}, greedy)[0].outputs[0].token_ids == want[0]
+    with pytest.raises(TypeError, match="'prompt' \\(text\\) or 'prompt_token_ids'"):
+        llm.generate({"prompt_ids": [1, 2, 3]})
+    with pytest.raises(TypeError, match="got float"):
+        llm.generate([[1, 2], 3.5])
+    assert not llm.engine.has_unfinished_requests()
+
+
 def test_text_prompt_without_tokenizer(llm):
     with pytest.raises(ValueError, match="no tokenizer"):
         llm.generate("hello")
