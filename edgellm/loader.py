@@ -251,10 +251,13 @@ def _use_cpu_paths(model: CausalLM, scheme: QuantScheme, cfg: ModelConfig, platf
                          layer.attn_output_norm, layer.mlp_output_norm):
                 if norm is not None:
                     norm.native = native is not None
-        if fast:
+        if fast or (auto and platform.isa.bf16_units):
+            # the bf16 matmuls round the MLP's input and intermediate to bf16 anyway: keep them
+            # in bf16 on steps where both linears run bf16 (MLP.forward)
             mlp = layer.mlp
+            kind = CpuInt4Kernel if fast else CpuIntDotKernel
             mlp.bf16_intermediate = mlp.gated_silu and all(
-                isinstance(getattr(m, "kernel", None), CpuInt4Kernel) and m.bias is None
+                isinstance(getattr(m, "kernel", None), kind) and m.bias is None
                 for m in (mlp.gate_up_proj, mlp.down_proj))
             mlp.native_silu_mul = native is not None and mlp.bf16_intermediate
     if fast or auto:

@@ -554,3 +554,36 @@ def test_auto_mode_on_the_default_model(built):
             # agrees with exact at 96% of teacher-forced positions), so a divergence must sit
             # where the exact model's top two are within 0.5 nats
             assert top[0][1] - top[1][1] < 0.5, (first, top)
+
+
+def test_auto_mlp_keeps_a_bf16_intermediate_only_where_both_linears_run_bf16(built):
+    """Mode auto on a CPU with bf16 units: a step whose MLP linears both run their bf16 dense
+    copies keeps gate/up and SiLU-and-mul in bf16 (those matmuls round to bf16 anyway); the
+    result is the fp32-intermediate path's up to that one rounding of the intermediate. Steps
+    of integer-dot size, and every step on CPUs without bf16 units, keep fp32."""
+    from edgellm import LLM
+
+    llm = LLM(kv_cache_memory=16 << 20, max_model_len=256, cpu_quant="auto", enable_prefix_caching=False)
+    mlp = llm.engine.model.model.layers[0].mlp
+    bf16_units = select().bf16_units
+    assert mlp.bf16_intermediate == bf16_units
+    small = mlp.gate_up_proj.kernel.max_rows
+    assert not mlp._bf16_step(1) and not mlp._bf16_step(min(small, 1 << 20))
+    if not bf16_units:
+        return
+    rows = small + 7 if mlp.gate_up_proj.kernel.dense is not None else None
+    if rows is None:  # calibration dropped the dense copies: no step runs bf16
+        assert not mlp._bf16_step(1 << 20)
+        return
+    assert mlp._bf16_step(rows)
+    x = torch.randn(rows, mlp.gate_up_proj.kernel.k, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        got = mlp(x)
+        mlp.bf16_intermediate = False
+        want = mlp(x)
+        mlp.bf16_intermediate = True
+        gate, up = mlp.gate_up_proj(x).split(mlp.intermediate_size, dim=-1)
+        h = torch.nn.functional.silu(gate) * up
+    w = mlp.down_proj.kernel.dense_matmul(torch.eye(h.shape[1]), None).float().t()  # [H, I] as used
+    bound = (h.abs() * 2.0**-8) @ w.abs().t() + 2.0**-7 * want.abs()  # + the outputs' bf16 rounding
+    assert got.dtype == torch.float32 and ((got - want).abs() <= bound).all()

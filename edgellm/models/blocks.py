@@ -119,11 +119,18 @@ class MLP(nn.Module):
             scheme.linear_method(f"{p}.down_proj"), dtype, f"{p}.down_proj",
         )
 
-    bf16_intermediate = False  # CPU fast mode, SiLU, int4 kernels on both linears: set by the loader
+    # CPU fast mode (int4 kernels) or auto on a CPU with bf16 units (integer-dot kernels with bf16
+    # dense copies), SiLU, no bias: set by the loader; a step takes it when both linears' kernels
+    # round their input to bf16 at its row count (rounds_to_bf16)
+    bf16_intermediate = False
     native_silu_mul = False  # ... and the C++ kernels built
 
+    def _bf16_step(self, rows: int) -> bool:
+        return (self.bf16_intermediate and rows > 1 and self.gate_up_proj.kernel.rounds_to_bf16(rows)
+                and self.down_proj.kernel.rounds_to_bf16(rows))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.bf16_intermediate and x.shape[0] > 1:
+        if self._bf16_step(x.numel() // x.shape[-1]):
             # the down projection rounds its input to bf16 anyway: keep gate/up and SiLU in bf16
             # instead of widening [T, 2 * intermediate] to fp32 and back (prefill-sized steps)
             gu = self.gate_up_proj(x.to(torch.bfloat16))

@@ -233,6 +233,10 @@ class CpuInt4Kernel:
             w.add_(self.offsets.float()[..., None])
         return w.view(self.n, self.k)
 
+    def rounds_to_bf16(self, rows: int) -> bool:
+        """Every path of this kernel rounds its input to bf16 (see CpuIntDotKernel.rounds_to_bf16)."""
+        return True
+
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         x2 = x.reshape(-1, self.k)
         if self.perm is not None:

@@ -163,22 +163,29 @@ class CpuIntDotKernel(LinearKernel):
         return self.native.int_linear(x2, self.qweight, self.scale, self.offset, self.bits, self.group, b)
 
     def dense_matmul(self, x2: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x2 [M, K] (fp32, or bf16 for a bf16 copy) times the dense copy: bf16 out from a bf16
+        copy (bias added in fp32), fp32 from an fp32 one."""
         from edgellm.quant.backends import bf16_linear
 
         if self.dense_bf16:
-            y = bf16_linear(x2.to(torch.bfloat16), self.dense).float()
-            return y if bias is None else y + bias
-        return F.linear(x2, self.dense, bias)
+            y = bf16_linear(x2.to(torch.bfloat16), self.dense)
+            return y if bias is None else (y.float() + bias).to(torch.bfloat16)
+        return F.linear(x2.float(), self.dense, bias)
+
+    def rounds_to_bf16(self, rows: int) -> bool:
+        """Whether a step of `rows` rows runs the bf16 dense copy (which rounds its input to bf16
+        anyway, so a caller may hand it bf16 and take bf16 back)."""
+        return self.dense is not None and self.dense_bf16 and rows > self.max_rows
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [..., K] fp32 (or bf16) -> [..., N] in x's dtype."""
         x2 = x.reshape(-1, self.k)
         if self.perm is not None:
             x2 = x2.index_select(1, self.perm)
-        x2 = x2.float().contiguous()
         if x2.shape[0] <= self.max_rows or self.dense is None:
-            y = self.int_dot(x2, bias)
+            y = self.int_dot(x2.float().contiguous(), bias)
         else:
-            y = self.dense_matmul(x2, bias)
+            y = self.dense_matmul(x2.contiguous(), bias)
         return y.to(x.dtype).reshape(*x.shape[:-1], self.n)
 
 
