@@ -17,11 +17,12 @@ import torch
 from torch import nn
 
 from edgellm.config import ModelConfig
+from edgellm.layer_ops import LayerOps
 from edgellm.layers.linear import Linear
 from edgellm.layers.norm import RMSNorm
 from edgellm.models.arch import Architecture, resolve_architecture
-from edgellm.models.hf_config import model_config_from_hf
 from edgellm.models.decoder import CausalLM
+from edgellm.models.hf_config import model_config_from_hf
 from edgellm.platform import Platform
 from edgellm.quant.gguf import GGUFCheckpoint
 from edgellm.quant.schemes import QuantScheme, scheme_from_config
@@ -203,65 +204,39 @@ def load_model(
     cfg = model_config_from_hf(ckpt.hf_config, arch, ckpt.generation_config)
     platform = cpu_kernels if isinstance(cpu_kernels, Platform) else Platform(cpu_kernels)
     scheme: QuantScheme = scheme_from_config(ckpt.hf_config.get("quantization_config"), platform)
+    ops = LayerOps.for_load(platform, device, dtype, scheme.name != "none")
     with torch.device(device):
-        model = CausalLM(cfg, scheme, dtype, max_position)
+        model = CausalLM(cfg, scheme, dtype, max_position, ops)
     _load_into(model, ckpt, arch, cfg)
     model.eval()
     on_cpu = torch.device(device).type == "cpu"
     if on_cpu and dtype == torch.float32:
-        _use_cpu_paths(model, scheme, cfg, platform)
+        _prepare_cpu(model, scheme, platform)
     logger.info(
-        "loaded %s (%s, %d layers, hidden %d, quant %s, %s) as %s",
+        "loaded %s (%s, %d layers, hidden %d, quant %s, %s; %s) as %s",
         ckpt.path, arch.name, cfg.num_layers, cfg.hidden_size, scheme.name,
-        platform.describe() if on_cpu else "cuda", dtype,
+        platform.describe() if on_cpu else "cuda", ops.describe(), dtype,
     )
     return model
 
 
-def _use_cpu_paths(model: CausalLM, scheme: QuantScheme, cfg: ModelConfig, platform: Platform) -> None:
-    """An fp32 model on CPU: C++ decode attention and decode-only steps through all layers in one
-    call (fp32 math, every mode). Mode auto: the integer-dot logits head, the int-dot vs dense
-    crossover measured (edgellm/quant/linear_kernels/cpu_int.calibrate), shared-prefix prefill attention
-    (in bf16 where the CPU has bf16 units, else fp32), rotary and RMSNorm in C++. Mode fast: the
-    int8 / bf16 logits head, bf16 prefill attention, rotary and RMSNorm in C++ and a bf16 MLP
-    intermediate (SiLU-and-mul in C++) where both MLP linears are int4."""
+def _prepare_cpu(model: CausalLM, scheme: QuantScheme, platform: Platform) -> None:
+    """An fp32 model on CPU, once its weights are in: the derived pieces that need them. Mode fast:
+    the int8 / bf16 logits head. Mode auto: the crossovers measured
+    (edgellm/quant/linear_kernels/cpu_int.calibrate) and the integer-dot logits head. Every mode:
+    decode-only steps through all layers in one C++ call when the kernels built
+    (models/fused_decode.py). What each layer runs was fixed at construction (LayerOps)."""
     from edgellm.models.fused_decode import FusedDecode
-    from edgellm.quant.backends import CpuInt4Kernel
     from edgellm.quant.linear_kernels.cpu_int import CpuIntDotKernel, calibrate
 
     native = platform.native()  # built (once per machine and level) here, not in the first request
-    mode = scheme.cpu_kernels
-    fast = mode == "fast"
-    auto = mode == "auto" and scheme.name != "none"
-    if fast and scheme.name != "none":
+    quantized = scheme.name != "none"
+    if platform.cpu_quant == "fast" and quantized:
         model.use_fast_logits()
-    if auto:
+    if platform.cpu_quant == "auto" and quantized:
         calibrate([m.kernel for m in model.modules() if isinstance(getattr(m, "kernel", None), CpuIntDotKernel)])
         if native is not None:
             model.use_int_dot_logits(native, platform.isa.vnni)
-    prefill_dtype = torch.bfloat16 if fast or platform.isa.bf16_units else torch.float32
-    for layer in model.model.layers:
-        attn = layer.self_attn.attn
-        attn.cpp_decode = native is not None
-        if fast or auto:
-            attn.prefill_dtype = prefill_dtype
-            layer.self_attn.native_rotary = (native is not None and model.model.rotary.rot_dim == cfg.head_dim
-                                             and not cfg.qk_norm)
-            for norm in (layer.input_layernorm, layer.post_attention_layernorm,
-                         layer.attn_output_norm, layer.mlp_output_norm):
-                if norm is not None:
-                    norm.native = native is not None
-        if fast or (auto and platform.isa.bf16_units):
-            # the bf16 matmuls round the MLP's input and intermediate to bf16 anyway: keep them
-            # in bf16 on steps where both linears run bf16 (MLP.forward)
-            mlp = layer.mlp
-            kind = CpuInt4Kernel if fast else CpuIntDotKernel
-            mlp.bf16_intermediate = mlp.gated_silu and all(
-                isinstance(getattr(m, "kernel", None), kind) and m.bias is None
-                for m in (mlp.gate_up_proj, mlp.down_proj))
-            mlp.native_silu_mul = native is not None and mlp.bf16_intermediate
-    if fast or auto:
-        model.model.norm.native = native is not None
     model.model.fused = FusedDecode.build(model.model, native)
 
 

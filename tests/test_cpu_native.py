@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import logging
 import shutil
+import threading
 
 import pytest
 import torch
 
+from edgellm.attention.cpu import CpuAttention
 from edgellm.cpu_isa import select
 from edgellm.kernels import cpu_native
 from edgellm.kernels.paged_attention import paged_attention_ref, write_kv_ref
@@ -39,7 +41,7 @@ def _decode_checked(cache, tables, lens, hq, window, g):
     q = torch.randn(b, hq, d, generator=g)
     want = paged_attention_ref(q, q[:, :hkv], q[:, :hkv], cache, tables, lens, list(range(b + 1)), b,
                                d ** -0.5, window)
-    got = cpu_native.decode_attention(q, cache, tables.long(), torch.tensor(lens), d ** -0.5, window)
+    got = cpu_native.load().decode_attention(q, cache, tables.long(), torch.tensor(lens), d ** -0.5, window or 0)
     assert (got - want).abs().max().item() < 1e-5
     return q, got
 
@@ -54,11 +56,11 @@ def test_decode_matches_the_reference(built, hq, hkv, d, window):
     tables = torch.stack([torch.randperm(nb, generator=g)[:8] for _ in range(b)]).to(torch.int32)
     q, got = _decode_checked(cache, tables, lens, hq, window, g)
     scale = q.shape[-1] ** -0.5
-    # through the reference's own switch, sharing a step cache like the layers of a step do
+    # through the CPU attention backend, sharing a step cache like the layers of a step do
     step: dict = {}
     for _ in range(2):
-        via = paged_attention_ref(q, q[:, :hkv], q[:, :hkv], cache, tables, lens, list(range(b + 1)), b,
-                                  scale, window, step_cache=step, cpp_decode=True)
+        via = CpuAttention(built).paged(q, q[:, :hkv], q[:, :hkv], cache, tables, lens, list(range(b + 1)), b,
+                                        scale, window, step_cache=step)
         assert torch.equal(via, got)
 
 
@@ -88,8 +90,8 @@ def test_decode_over_a_shared_cached_prefix(built, hq, hkv, d, bs, window):
     scale = d ** -0.5
     # each sequence's result does not depend on who shares its prefix: alone, it is the same
     for i in (0, 6, 9):
-        alone = cpu_native.decode_attention(q[i:i + 1], cache, tables[i:i + 1].long(), torch.tensor(lens[i:i + 1]),
-                                            scale, window)
+        alone = built.decode_attention(q[i:i + 1], cache, tables[i:i + 1].long(), torch.tensor(lens[i:i + 1]),
+                                       scale, window or 0)
         assert torch.equal(alone, got[i:i + 1])
 
 
@@ -107,7 +109,7 @@ def test_mixed_step_prefill_rows_stay_on_the_reference(built):
     q = torch.randn(sum(qlens), hq, d, generator=g)
     k = torch.randn(sum(qlens), hkv, d, generator=g)  # already in the cache for the reference's purposes
     want = paged_attention_ref(q, k, k, cache, tables, lens, starts, 2, d ** -0.5)
-    got = paged_attention_ref(q, k, k, cache, tables, lens, starts, 2, d ** -0.5, cpp_decode=True)
+    got = CpuAttention(built).paged(q, k, k, cache, tables, lens, starts, 2, d ** -0.5)
     assert (got[:2] - want[:2]).abs().max().item() < 1e-5
     assert torch.equal(got[2:], want[2:])
 
@@ -116,41 +118,44 @@ def test_bad_tables_are_refused(built):
     cache = torch.randn(2, 4, 16, 2, 32)
     q = torch.randn(1, 2, 32)
     with pytest.raises(RuntimeError, match="block id out of the cache"):
-        cpu_native.decode_attention(q, cache, torch.tensor([[7]]), torch.tensor([5]), 0.1)
+        built.decode_attention(q, cache, torch.tensor([[7]]), torch.tensor([5]), 0.1, 0)
     with pytest.raises(RuntimeError, match="sequence length out of its block table"):
-        cpu_native.decode_attention(q, cache, torch.tensor([[1]]), torch.tensor([17]), 0.1)
+        built.decode_attention(q, cache, torch.tensor([[1]]), torch.tensor([17]), 0.1, 0)
 
 
 def test_fast_engine_decodes_through_it(built, monkeypatch):
     from edgellm import LLM, SamplingParams
 
     llm = LLM(kv_cache_memory=16 << 20, max_model_len=256, cpu_quant="fast", enable_prefix_caching=False)
-    assert all(a.cpp_decode for a in llm.engine.model.attention_layers())
+    layers = llm.engine.model.attention_layers()
+    backend = layers[0].backend
+    assert isinstance(backend, CpuAttention) and backend.native is not None
+    assert all(a.backend is backend for a in layers)  # one backend, chosen once for the load
     llm.engine.model.model.fused = None  # decode steps layer by layer: the attention kernel alone
     calls = []
-    original = cpu_native.decode_attention
 
-    def counted(*args, **kwargs):
-        calls.append(args[0].shape[0])
-        return original(*args, **kwargs)
+    class Counting:  # the module, with its decode attention counted
+        def __getattr__(self, name):
+            return getattr(built, name)
 
-    monkeypatch.setattr(cpu_native, "decode_attention", counted)
+        def decode_attention(self, *args):
+            calls.append(args[0].shape[0])
+            return built.decode_attention(*args)
+
+    monkeypatch.setattr(backend, "native", Counting())
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     prompts = [[{"role": "user", "content": "What is the capital of France?"}],
                [{"role": "user", "content": "Name three colours."}]]
     got = [o.outputs[0].token_ids for o in llm.chat(prompts, params)]
     assert calls and max(calls) == 2
-    monkeypatch.setattr(cpu_native, "decode_attention", original)
-    for a in llm.engine.model.attention_layers():
-        a.cpp_decode = False
+    monkeypatch.setattr(backend, "native", None)  # decode rows through the torch reference
     want = [o.outputs[0].token_ids for o in llm.chat(prompts, params)]
     assert got == want
 
 
-def test_a_compile_error_is_reported_with_its_file_and_line(tmp_path, monkeypatch, caplog):
-    """A copy of edgellm/kernels/csrc/cpu with one broken .cpp (the only .cpp left, so the build fails in
-    seconds): the build returns the compiler's first error with its file and line, and the loader
-    falls back to None with that in its one warning."""
+def _broken_sources(tmp_path):
+    """A copy of edgellm/kernels/csrc/cpu whose only .cpp is rotary.cpp with an undeclared name in
+    it (a build that fails in seconds), and the "file:line:" its error names."""
     src = tmp_path / "csrc"
     shutil.copytree(cpu_native.CSRC, src)
     for path in src.glob("*.cpp"):
@@ -160,7 +165,14 @@ def test_a_compile_error_is_reported_with_its_file_and_line(tmp_path, monkeypatc
     at = next(i for i, text in enumerate(lines) if text.startswith("namespace")) + 1
     lines.insert(at, "int broken = undeclared_name;")
     (src / "rotary.cpp").write_text("\n".join(lines) + "\n")
-    where = f"rotary.cpp:{at + 1}:"
+    return src, f"rotary.cpp:{at + 1}:"
+
+
+def test_a_compile_error_is_reported_with_its_file_and_line(tmp_path, monkeypatch, caplog):
+    """A copy of edgellm/kernels/csrc/cpu with one broken .cpp (the only .cpp left, so the build fails in
+    seconds): the build returns the compiler's first error with its file and line, and the loader
+    falls back to None with that in its one warning."""
+    src, where = _broken_sources(tmp_path)
     module, why = cpu_native._build(src, cache_dir=tmp_path / "cache" / "torch_extensions")
     assert module is None
     assert where in why and "error" in why and "undeclared_name" in why, why
@@ -178,6 +190,24 @@ def test_a_compile_error_is_reported_with_its_file_and_line(tmp_path, monkeypatc
     assert len(warned) == 1 and where in warned[0] and "using the torch paths" in warned[0], warned
 
 
+def test_a_lock_left_by_a_killed_build_does_not_block_the_next_one(tmp_path):
+    """torch's build lock is a plain file that its waiters poll forever when the build that wrote
+    it was killed: with one left in the build directory, the next build still runs (and reports
+    its compiler error) instead of hanging."""
+    src, where = _broken_sources(tmp_path)
+    cache = tmp_path / "cache"
+    build = cache / f"edgellm_cpu_native_{cpu_native._source_key(src, ['-O3', *cpu_native.OPENMP])}"
+    build.mkdir(parents=True)
+    (build / "lock").touch()
+    result = []
+    worker = threading.Thread(target=lambda: result.append(cpu_native._build(src, cache_dir=cache)), daemon=True)
+    worker.start()
+    worker.join(timeout=300)
+    assert not worker.is_alive(), "the build waited on the stale lock"
+    module, why = result[0]
+    assert module is None and where in why, why
+
+
 def test_disabled_build_falls_back_to_the_reference(built, monkeypatch):
     monkeypatch.setattr(cpu_native, "_modules", {})
     monkeypatch.setattr(cpu_native, "_failed", set())
@@ -188,7 +218,7 @@ def test_disabled_build_falls_back_to_the_reference(built, monkeypatch):
     q = torch.randn(2, 4, 32, generator=g)
     tables = torch.tensor([[1, 2], [5, 0]], dtype=torch.int32)
     args = (q, q[:, :2], q[:, :2], cache, tables, [20, 9], [0, 1, 2], 2, 0.2)
-    assert torch.equal(paged_attention_ref(*args, cpp_decode=True), paged_attention_ref(*args))
+    assert torch.equal(CpuAttention(cpu_native.load()).paged(*args), paged_attention_ref(*args))
 
 
 PROMPTS = [[{"role": "user", "content": "What is the capital of France?"}],
@@ -378,7 +408,7 @@ def test_bf16_prefill_attention_is_close_to_fp32():
     v = torch.cat([flat[1, 36:50], flat[1, 80:101]])
     args = (q, k, v, cache, tables, lens, [0, 14, 35], 0, d ** -0.5)
     want = paged_attention_ref(*args)
-    got = paged_attention_ref(*args, prefill_dtype=torch.bfloat16)
+    got = CpuAttention(None, torch.bfloat16).paged(*args)
     assert got.dtype == torch.float32
     err = (got - want).abs().max().item()
     assert 0 < err < 2e-2 * want.abs().max().item()
@@ -388,7 +418,7 @@ def test_shared_prefix_cascade_prefill():
     """Prefill chunks sharing cached prefix pages: one product against the prefix, one per chunk
     against its own suffix, merged by log-sum-exp. In fp32 it must equal the per-sequence
     reference; chunks that do not share enough fall back to the per-sequence path."""
-    import edgellm.kernels.paged_attention as pa
+    import edgellm.attention.cpu as cpu_attention
 
     g = torch.Generator().manual_seed(4)
     nb, bs, hq, hkv, d = 40, 16, 9, 3, 64
@@ -404,23 +434,22 @@ def test_shared_prefix_cascade_prefill():
     k = torch.randn(67, hkv, d, generator=g)  # unused: every chunk reads its context from the pages
     want = paged_attention_ref(q, k, k, cache, tables, lens, starts, 0, d ** -0.5)
     step: dict = {}
-    got = paged_attention_ref(q, k, k, cache, tables, lens, starts, 0, d ** -0.5, step_cache=step,
-                              prefill_dtype=torch.float32)
+    got = CpuAttention(None, torch.float32).paged(q, k, k, cache, tables, lens, starts, 0, d ** -0.5,
+                                                   step_cache=step)
     assert step[("cascade", 0)] == 8
     assert (got - want).abs().max().item() < 1e-5
-    fast = paged_attention_ref(q, k, k, cache, tables, lens, starts, 0, d ** -0.5, step_cache={},
-                               prefill_dtype=torch.bfloat16)
+    fast = CpuAttention(None, torch.bfloat16).paged(q, k, k, cache, tables, lens, starts, 0, d ** -0.5,
+                                                    step_cache={})
     assert 0 < (fast - want).abs().max().item() < 2e-2 * want.abs().max().item()
     # a chunk with its own first block: nothing shared, the per-sequence path
     other = tables.clone()
     other[1, 0] = 30
     flat[:, 30 * bs:31 * bs] = flat[:, :bs]
     step = {}
-    paged_attention_ref(q, k, k, cache, other, lens, starts, 0, d ** -0.5, step_cache=step,
-                        prefill_dtype=torch.float32)
+    CpuAttention(None, torch.float32).paged(q, k, k, cache, other, lens, starts, 0, d ** -0.5, step_cache=step)
     assert step[("cascade", 0)] == 0
     # below CASCADE_MIN_PREFIX tokens of shared prefix: not worth it
-    assert pa._shared_prefix_blocks(tables[:, :3], [40, 40, 40], [0, 4, 8, 12], 0, bs) == 0
+    assert cpu_attention._shared_prefix_blocks(tables[:, :3], [40, 40, 40], [0, 4, 8, 12], 0, bs) == 0
 
 
 @pytest.mark.parametrize("qlens,hq,hkv", [([25, 9], 4, 2), ([13, 13, 13], 9, 3)])
@@ -449,7 +478,7 @@ def test_cascade_when_the_suffix_is_this_steps_tokens(qlens, hq, hkv):
     args = (q, k, v, cache, tables, lens, starts, 0, d ** -0.5)
     want = paged_attention_ref(*args)
     step: dict = {}
-    got = paged_attention_ref(*args, step_cache=step, prefill_dtype=torch.float32)
+    got = CpuAttention(None, torch.float32).paged(*args, step_cache=step)
     assert step[("cascade", 0)] == 6
     assert (got - want).abs().max().item() < 1e-5
 
@@ -457,7 +486,7 @@ def test_cascade_when_the_suffix_is_this_steps_tokens(qlens, hq, hkv):
 def test_cascade_inside_the_engine_matches_the_per_sequence_path(built):
     """Three requests over one cached system prompt, admitted in the same step: with fp32
     "prefill_dtype" the cascade runs in the engine and must give the per-sequence path's logprobs."""
-    import edgellm.kernels.paged_attention as pa
+    import edgellm.attention.cpu as cpu_attention
     from edgellm import LLM, SamplingParams
 
     llm = LLM(kv_cache_memory=32 << 20, max_model_len=512, cpu_quant="exact")
@@ -469,22 +498,25 @@ def test_cascade_inside_the_engine_matches_the_per_sequence_path(built):
     want = llm.chat(chats, params)
     llm.chat(chats[:1], SamplingParams(max_tokens=1))
     calls = []
-    original = pa._cascade_prefill
+    original = cpu_attention.cascade_prefill
 
     def counted(*args):
         done = original(*args)
         calls.append(done > args[7])
         return done
 
-    pa._cascade_prefill = counted
+    layers = llm.engine.model.attention_layers()
+    exact = layers[0].backend
+    assert exact.prefill_dtype is None  # mode exact: chunks one at a time, in fp32
+    cpu_attention.cascade_prefill = counted
     try:
-        for attn in llm.engine.model.attention_layers():
-            attn.prefill_dtype = torch.float32
+        for attn in layers:
+            attn.backend = CpuAttention(exact.native, torch.float32)
         got = llm.chat(chats, params)
     finally:
-        pa._cascade_prefill = original
-        for attn in llm.engine.model.attention_layers():
-            attn.prefill_dtype = None
+        cpu_attention.cascade_prefill = original
+        for attn in layers:
+            attn.backend = exact
     assert any(calls)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
     assert _logprob_gap(got, want) < 1e-4
@@ -497,7 +529,7 @@ def test_silu_mul_rounds_once_to_bf16(built, rows, width):
     g = torch.Generator().manual_seed(rows + width)
     gu = torch.randn(rows, 2 * width, generator=g) * 4
     for x in (gu, gu.bfloat16()):
-        got = cpu_native.silu_mul(x)
+        got = built.silu_mul(x)
         gate, up = x.float().split(width, -1)
         want = torch.nn.functional.silu(gate) * up
         assert got.dtype == torch.bfloat16 and got.shape == (rows, width)
@@ -507,19 +539,20 @@ def test_silu_mul_rounds_once_to_bf16(built, rows, width):
             ulps = (got.float() - want.bfloat16().float()).abs() / want.abs().clamp_min(1e-30)
             assert (ulps <= 2.0 ** -7).all()
     # a strided view of the rows (the projection's output sliced by rows) works as well
-    assert torch.equal(cpu_native.silu_mul(gu[::2]), cpu_native.silu_mul(gu[::2].contiguous()))
+    assert torch.equal(built.silu_mul(gu[::2]), built.silu_mul(gu[::2].contiguous()))
 
 
 def test_fast_mode_norms_and_mlp_use_the_cpp_kernels(built):
-    """The loader switches the fast path's prefill norms and SiLU-and-mul to C++ (and only there)."""
+    """The load's ops give the fast path's prefill norms and SiLU-and-mul the C++ kernels (and only there)."""
     from edgellm import LLM
 
     fast = LLM(kv_cache_memory=16 << 20, max_model_len=256, cpu_quant="fast")
     exact = LLM(kv_cache_memory=16 << 20, max_model_len=256, cpu_quant="exact")
     for llm, on in ((fast, True), (exact, False)):
         model = llm.engine.model.model
-        assert model.norm.native is on
-        assert all(layer.input_layernorm.native is on and layer.mlp.native_silu_mul is on for layer in model.layers)
+        assert (model.norm.native is not None) is on
+        assert all((layer.input_layernorm.native is not None) is on and (layer.mlp.native_silu_mul is not None) is on
+                   for layer in model.layers)
 
 
 def test_auto_mode_on_the_default_model(built):

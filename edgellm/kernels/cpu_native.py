@@ -1,7 +1,8 @@
 """C++ kernels for fp32 models on CPU (both --cpu-quant modes): decode attention over the
 paged KV cache, and a fused decode pass over all decoder layers.
 
-decode_attention: the torch reference (paged_attention.paged_attention_ref)
+decode_attention (the CPU attention backend's decode rows, edgellm/attention/cpu.py): the torch
+reference (paged_attention.paged_attention_ref)
 gathers every sequence's blocks into a contiguous copy and runs SDPA with an
 additive mask: three passes over the context and ~10 torch ops per layer. This
 kernel reads K and V straight from the pages, once each, with one program per
@@ -48,6 +49,7 @@ results agree with them to ~1e-6 relative (tests/test_cpu_native.py).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -55,6 +57,7 @@ import re
 import shutil
 import threading
 from collections.abc import Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -71,6 +74,7 @@ ENV = env.CPU_NATIVE  # "cpp" (default) or "torch"
 # (edgellm/cpu_isa.CpuIsa.compile_flags), never -march=native.
 OPENMP = ["-fopenmp"]
 CSRC = Path(__file__).resolve().parent / "csrc" / "cpu"  # vec.h, one op per .cpp, bindings.cpp
+BUILD_LOCK = "edgellm-build.lock"  # flock file beside torch's own "lock" in each build directory
 # a compiler diagnostic naming the place of an error: "path/norm.cpp:12:5: error: ..."
 _COMPILER_ERROR = re.compile(r"^.*\.(?:cpp|h):\d+:\d+: (?:fatal )?error\b.*$", re.MULTILINE)
 
@@ -119,6 +123,21 @@ def _build_error(exc: BaseException) -> str:
     return text.splitlines()[0] if text else ""
 
 
+@contextmanager
+def _build_lock(build: Path):
+    """Hold an exclusive flock on build/BUILD_LOCK while torch builds or loads there. The kernel
+    drops a flock when its holder dies, so a killed build never blocks the next one; and while it
+    is held no other process is building in that directory, so torch's own lock file found there
+    (a file that waits forever once its writer was killed mid-build) is stale and removed."""
+    with open(build / BUILD_LOCK, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            (build / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def _build(src_dir: Path, cflags: Sequence[str] = ("-O3", *OPENMP), cache_dir: Path | None = None):
     """Compile the module from src_dir's sorted .cpp files (its headers on the include path) with
     `cflags`, under cache_dir (default $EDGELLM_CACHE/torch_extensions) in a directory named by
@@ -133,15 +152,16 @@ def _build(src_dir: Path, cflags: Sequence[str] = ("-O3", *OPENMP), cache_dir: P
         from torch.utils.cpp_extension import load as load_extension
 
         build.mkdir(parents=True, exist_ok=True)
-        module = load_extension(
-            name=name,
-            sources=[str(p) for p in sorted(src_dir.glob("*.cpp"))],
-            extra_include_paths=[str(src_dir)],
-            extra_cflags=cflags,
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(build),
-            verbose=False,
-        )
+        with _build_lock(build):
+            module = load_extension(
+                name=name,
+                sources=[str(p) for p in sorted(src_dir.glob("*.cpp"))],
+                extra_include_paths=[str(src_dir)],
+                extra_cflags=cflags,
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(build),
+                verbose=False,
+            )
     except Exception as exc:  # noqa: BLE001  (no compiler, no headers: the torch paths still work)
         return None, f"{type(exc).__name__}: {_build_error(exc)}"
     return module, None
@@ -172,54 +192,7 @@ def load(isa: CpuIsa | None = None):
         return module
 
 
-def supported(query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
-    return (query.device.type == "cpu" and query.dtype == torch.float32 and kv_cache.dtype == torch.float32
-            and kv_cache.is_contiguous())
-
-
 def decode_tables(block_tables: torch.Tensor, seq_lens: list[int], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The first `rows` sequences' block tables (int64, contiguous) and context lengths as the
     kernels take them."""
     return block_tables[:rows].long().contiguous(), torch.tensor(seq_lens[:rows])
-
-
-def decode_attention(
-    query: torch.Tensor,  # [B, Hq, D] fp32, one token per sequence
-    kv_cache: torch.Tensor,  # [2, NB, BS, Hkv, D] fp32
-    block_tables: torch.Tensor,  # [>=B, MB] int64
-    seq_lens: torch.Tensor,  # [>=B] int64
-    scale: float,
-    sliding_window: int | None = None,
-) -> torch.Tensor:
-    module = load()
-    if module is None:
-        raise RuntimeError("the C++ CPU kernels are not available")
-    return module.decode_attention(query.contiguous(), kv_cache, block_tables, seq_lens, float(scale),
-                                   int(sliding_window or 0))
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm of x [T, H] fp32 with weight [H] fp32, rows over the threads (fp32 sums in another
-    order than torch's: ~1e-7 relative)."""
-    module = load()
-    if module is None:
-        raise RuntimeError("the C++ CPU kernels are not available")
-    return module.rms_norm(x, weight, float(eps))
-
-
-def silu_mul(gu: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up for gu [T, 2 * I] (bf16 or fp32) -> [T, I] bf16, rounded once."""
-    module = load()
-    if module is None:
-        raise RuntimeError("the C++ CPU kernels are not available")
-    return module.silu_mul(gu)
-
-
-def rotate_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
-    """Rotary (neox halves) in place on the first `heads` heads of each row of x [T, W] fp32 (a
-    qkv projection: q heads, then k heads); cos/sin [T, head_dim]. One pass instead of torch's
-    five (mul, neg, cat, mul, add over copies)."""
-    module = load()
-    if module is None:
-        raise RuntimeError("the C++ CPU kernels are not available")
-    return module.rotate_(x, cos.contiguous(), sin.contiguous(), int(heads), int(head_dim))

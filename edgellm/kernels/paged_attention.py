@@ -1,4 +1,5 @@
-"""Attention over a paged KV cache: torch reference (the CPU backend).
+"""Attention over a paged KV cache: the plain torch reference and the Triton kernels (the
+backends built on them: edgellm/attention/).
 
 Cache layout, shared with the Triton kernels:
     kv_cache [2, num_blocks, block_size, num_kv_heads, head_dim]  (0: K, 1: V)
@@ -56,7 +57,7 @@ def write_kv_ref(
     flat[1].index_copy_(0, slot_mapping, value.to(flat.dtype))
 
 
-def _gather_kv(
+def gather_kv(
     kv_cache: torch.Tensor,  # [2, NB, BS, Hkv, D]
     block_tables: torch.Tensor,  # [B, max_blocks] int64
     length: int,
@@ -98,71 +99,60 @@ def paged_attention_ref(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     step_cache: dict | None = None,
-    cpp_decode: bool = False,
-    prefill_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """step_cache: a dict shared by the layers of one step, holding what every layer would
-    otherwise rebuild (the decode mask and gather indices); None: computed here.
-    cpp_decode: run the decode rows through the C++ kernel (cpu_native.py) when it builds
-    and supports these tensors.
-    prefill_dtype: compute prefill chunks' attention in this dtype (the CPU fast mode passes
-    bf16: SDPA runs ~3x faster on a 550-token causal prompt); None: the query's dtype."""
+    """Attention over the paged cache in plain torch: [T, Hq, D]. step_cache: a dict shared by
+    the layers of one step, holding what every layer would otherwise rebuild (the decode mask and
+    gather indices); None: computed here."""
     out = torch.empty_like(query)
-    dtype = query.dtype
-    decoded = False
-    if num_decodes and cpp_decode:
-        from . import cpu_native
+    if num_decodes:
+        out[:num_decodes] = decode_rows_ref(query, kv_cache, block_tables, seq_lens, num_decodes, scale,
+                                            sliding_window, k_scale, v_scale, step_cache)
+    prefill_rows_ref(query, key, value, kv_cache, block_tables, seq_lens, query_start_loc, num_decodes, scale,
+                     sliding_window, k_scale, v_scale, query.dtype, out)
+    return out
 
-        if cpu_native.supported(query, kv_cache) and cpu_native.load() is not None:
-            plan = step_cache.get("cpp_decode") if step_cache is not None else None
-            if plan is None:
-                plan = cpu_native.decode_tables(block_tables, seq_lens, num_decodes)
-                if step_cache is not None:
-                    step_cache["cpp_decode"] = plan
-            out[:num_decodes] = cpu_native.decode_attention(
-                query[:num_decodes], kv_cache, plan[0], plan[1], scale, sliding_window)
-            decoded = True
-    if num_decodes and not decoded:
-        key_ = ("decode", sliding_window)
-        plan = step_cache.get(key_) if step_cache is not None else None
-        if plan is None:
-            tables = block_tables[:num_decodes].long()
-            lens = torch.tensor(seq_lens[:num_decodes])
-            max_len = max(seq_lens[:num_decodes])
-            kv_pos = torch.arange(max_len)[None, :]
-            mask = kv_pos < lens[:, None]
-            if sliding_window is not None:
-                mask &= kv_pos > (lens[:, None] - 1 - sliding_window)
-            nblocks = -(-max_len // kv_cache.shape[2])
-            # additive form, built once: SDPA would turn a boolean mask into it in every layer
-            bias = torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, float("-inf"))
-            plan = (tables, max_len, bias[:, None, None, :], tables[:, :nblocks].reshape(-1))
-            if step_cache is not None:
-                step_cache[key_] = plan
-        tables, max_len, mask, idx = plan
-        k, v = _gather_kv(kv_cache, tables, max_len, dtype, k_scale, v_scale, idx)
-        q = query[:num_decodes].unsqueeze(2)  # [B, Hq, 1, D]
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
-        out[:num_decodes] = o.squeeze(2)
-    if num_decodes == len(seq_lens):
-        return out
-    block_tables = block_tables.long()
-    pdtype = prefill_dtype or dtype
-    first = num_decodes
-    if prefill_dtype is not None and sliding_window is None:
-        # shared-prefix ("cascade") attention: prefill chunks whose pages start with the same
-        # cached blocks attend to that prefix in one product, then each to its own suffix
-        first = _cascade_prefill(query, key, value, kv_cache, block_tables, seq_lens, query_start_loc,
-                                 num_decodes, scale, k_scale, v_scale, pdtype, step_cache, out)
+
+def decode_rows_ref(query, kv_cache, block_tables, seq_lens, num_decodes, scale, sliding_window=None,
+                    k_scale=1.0, v_scale=1.0, step_cache=None) -> torch.Tensor:
+    """The first num_decodes sequences' one query row each: [num_decodes, Hq, D] (SDPA over each
+    context gathered from its pages, an additive mask for the lengths and the window)."""
+    dtype = query.dtype
+    key_ = ("decode", sliding_window)
+    plan = step_cache.get(key_) if step_cache is not None else None
+    if plan is None:
+        tables = block_tables[:num_decodes].long()
+        lens = torch.tensor(seq_lens[:num_decodes])
+        max_len = max(seq_lens[:num_decodes])
+        kv_pos = torch.arange(max_len)[None, :]
+        mask = kv_pos < lens[:, None]
+        if sliding_window is not None:
+            mask &= kv_pos > (lens[:, None] - 1 - sliding_window)
+        nblocks = -(-max_len // kv_cache.shape[2])
+        # additive form, built once: SDPA would turn a boolean mask into it in every layer
+        bias = torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, float("-inf"))
+        plan = (tables, max_len, bias[:, None, None, :], tables[:, :nblocks].reshape(-1))
+        if step_cache is not None:
+            step_cache[key_] = plan
+    tables, max_len, mask, idx = plan
+    k, v = gather_kv(kv_cache, tables, max_len, dtype, k_scale, v_scale, idx)
+    q = query[:num_decodes].unsqueeze(2)  # [B, Hq, 1, D]
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    return o.squeeze(2)
+
+
+def prefill_rows_ref(query, key, value, kv_cache, block_tables, seq_lens, query_start_loc, first, scale,
+                     sliding_window, k_scale, v_scale, dtype, out) -> None:
+    """Prefill chunks [first, B) one at a time, computed in `dtype` (causal SDPA over the chunk's
+    own keys when it is the whole context, else over its pages with a mask), into out's rows."""
     for i in range(first, len(seq_lens)):
         start, end = query_start_loc[i], query_start_loc[i + 1]
         q_len, ctx = end - start, seq_lens[i]
-        q = query[start:end].transpose(0, 1).unsqueeze(0).to(pdtype)  # [1, Hq, q_len, D]
+        q = query[start:end].transpose(0, 1).unsqueeze(0).to(dtype)  # [1, Hq, q_len, D]
         if ctx == q_len and kv_cache.dtype != torch.float8_e4m3fn:
-            k = key[start:end].transpose(0, 1).unsqueeze(0).to(pdtype)
-            v = value[start:end].transpose(0, 1).unsqueeze(0).to(pdtype)
+            k = key[start:end].transpose(0, 1).unsqueeze(0).to(dtype)
+            v = value[start:end].transpose(0, 1).unsqueeze(0).to(dtype)
         else:
-            k, v = _gather_kv(kv_cache, block_tables[i : i + 1], ctx, pdtype, k_scale, v_scale)
+            k, v = gather_kv(kv_cache, block_tables[i : i + 1].long(), ctx, dtype, k_scale, v_scale)
         if sliding_window is None and ctx == q_len:
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
         else:
@@ -175,113 +165,6 @@ def paged_attention_ref(
                 q, k, v, attn_mask=mask[None, None], scale=scale, enable_gqa=True
             )
         out[start:end] = o.squeeze(0).transpose(0, 1)
-    return out
-
-
-CASCADE_MIN_PREFIX = 64  # tokens of shared prefix worth one product of their own
-
-
-def _shared_prefix_blocks(block_tables: torch.Tensor, seq_lens: list[int], query_start_loc: list[int],
-                          first: int, block_size: int) -> int:
-    """Leading blocks that every prefill chunk from `first` on shares and that lie wholly before
-    each chunk's first new token (so every query sees all of them: no mask)."""
-    idx = range(first, len(seq_lens))
-    past = min((seq_lens[i] - (query_start_loc[i + 1] - query_start_loc[i])) // block_size for i in idx)
-    if past * block_size < CASCADE_MIN_PREFIX:
-        return 0
-    rows = block_tables[first:, :past]
-    same = (rows == rows[:1]).all(0)
-    return past if bool(same.all()) else int(same.int().argmin())
-
-
-def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-           scale: float, causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(output [1, Hq, Lq, D], logsumexp [1, Hq, Lq] fp32) of softmax(q k^T * scale + mask) v
-    (causal: query i sees keys 0..i); GQA by repeating the kv heads (the CPU flash op takes
-    equal heads)."""
-    group = q.shape[1] // k.shape[1]
-    if group > 1:
-        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=mask,
-                                                                    scale=scale)
-    return out[0], out[1].float()
-
-
-def _suffixes_batched(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: list[int], dtype: torch.dtype,
-                      scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Causal attention of each chunk to its own tokens (q [Nq, Hq, D], k/v [Nq, Hkv, D], chunks of
-    `lens` rows back to back) in one flash call over [chunks, H, longest, D], padded at the end:
-    (output [Nq, Hq, D], logsumexp [Nq, Hq] fp32)."""
-    n, lmax = len(lens), max(lens)
-    pos = None
-    if any(n_ != lmax for n_ in lens):
-        pos = torch.cat([torch.arange(j * lmax, j * lmax + n_) for j, n_ in enumerate(lens)])
-
-    def pad(t: torch.Tensor) -> torch.Tensor:  # [Nq, H, D] -> [chunks, H, longest, D]
-        t = t.to(dtype)
-        if pos is not None:
-            t = t.new_zeros(n * lmax, *t.shape[1:]).index_copy_(0, pos, t)
-        return t.view(n, lmax, *t.shape[1:]).transpose(1, 2)
-
-    o, lse = _flash(pad(q), pad(k), pad(v), None, scale, causal=True)
-    o = o.transpose(1, 2).reshape(n * lmax, q.shape[1], q.shape[2])  # [chunks * longest, Hq, D]
-    lse = lse.transpose(1, 2).reshape(n * lmax, q.shape[1])
-    if pos is not None:
-        o, lse = o.index_select(0, pos), lse.index_select(0, pos)
-    return o, lse
-
-
-def _cascade_prefill(query, key, value, kv_cache, block_tables, seq_lens, query_start_loc, first, scale,
-                     k_scale, v_scale, dtype, step_cache, out) -> int:
-    """Prefill chunks [first, B) through shared-prefix attention when at least two share a cached
-    prefix of CASCADE_MIN_PREFIX tokens or more: all their queries against the prefix in one flash
-    call, each chunk against its own suffix (causal), merged by log-sum-exp. Returns the first
-    chunk left to the per-sequence path (B when all were done here, `first` when none)."""
-    if len(seq_lens) - first < 2:
-        return first
-    block_size = kv_cache.shape[2]
-    key_ = ("cascade", first)
-    shared = step_cache.get(key_) if step_cache is not None else None
-    if shared is None:
-        shared = _shared_prefix_blocks(block_tables, seq_lens, query_start_loc, first, block_size)
-        if step_cache is not None:
-            step_cache[key_] = shared
-    prefix = shared * block_size
-    if prefix < CASCADE_MIN_PREFIX:
-        return first
-    qs, qe = query_start_loc[first], query_start_loc[-1]
-    n_q, hq, d = qe - qs, query.shape[1], query.shape[2]
-    hkv = key.shape[1]
-    q_tok = query[qs:qe].to(dtype)  # [Nq, Hq, D]
-    q_all = q_tok.transpose(0, 1).contiguous()  # [Hq, Nq, D]
-    kp, vp = _gather_kv(kv_cache, block_tables[first : first + 1], prefix, dtype, k_scale, v_scale)
-    # GQA folded into the rows: each kv head's G query heads as G * Nq rows (no K/V repeat)
-    o1, lse1 = _flash(q_all.view(1, hkv, -1, d), kp, vp, None, scale)
-    o1 = o1.reshape(hq, n_q, d).transpose(0, 1)  # [Nq, Hq, D]
-    lse1 = lse1.reshape(hq, n_q).t()
-    lens = [query_start_loc[i + 1] - query_start_loc[i] for i in range(first, len(seq_lens))]
-    if kv_cache.dtype != torch.float8_e4m3fn and all(
-            seq_lens[first + j] - n == prefix for j, n in enumerate(lens)):
-        # every suffix is exactly this step's tokens: all chunks in one causal call, padded to
-        # the longest (a padded key sits after every real query of its chunk: never seen)
-        o2, lse2 = _suffixes_batched(q_tok, key[qs:qe], value[qs:qe], lens, dtype, scale)
-    else:
-        o2 = torch.empty_like(o1)
-        lse2 = torch.empty_like(lse1)
-        for i in range(first, len(seq_lens)):
-            start, end = query_start_loc[i], query_start_loc[i + 1]
-            q_len, ctx = end - start, seq_lens[i]
-            rows = slice(start - qs, end - qs)
-            k2, v2 = _gather_kv(kv_cache, block_tables[i : i + 1, shared:], ctx - prefix, dtype, k_scale, v_scale)
-            q_pos = torch.arange(ctx - q_len, ctx)[:, None]
-            kv_pos = torch.arange(prefix, ctx)[None, :]
-            mask = torch.zeros(q_len, ctx - prefix, dtype=dtype).masked_fill_(kv_pos > q_pos, float("-inf"))
-            o, lse = _flash(q_all[None, :, rows], k2, v2, mask[None, None], scale)
-            o2[rows], lse2[rows] = o[0].transpose(0, 1), lse[0].t()
-    lse = torch.logaddexp(lse1, lse2)
-    w1, w2 = (lse1 - lse).exp_().unsqueeze(-1), (lse2 - lse).exp_().unsqueeze(-1)
-    out[qs:qe] = torch.addcmul(o2.float().mul_(w2), o1.float(), w1)
-    return len(seq_lens)
 
 
 # ---------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Attention over the paged KV cache: write this step's K/V, then attend.
 
-The backend follows the cache's device: the torch reference on CPU, the
-Triton kernels on CUDA. Both share the cache layout documented in
+The backend (edgellm/attention/: torch reference, CPU, Triton) is chosen once per load
+(edgellm/layer_ops.py) and given at construction. All share the cache layout documented in
 edgellm/kernels/paged_attention.py.
 
 FP8 KV cache: K and V are stored as float8_e4m3fn divided by per-layer
@@ -17,8 +17,9 @@ import logging
 import torch
 from torch import nn
 
+from edgellm.attention.base import AttentionBackend
+from edgellm.attention.torch_ref import TorchRefAttention
 from edgellm.batch import AttentionMetadata
-from edgellm.kernels.paged_attention import paged_attention_ref, write_kv_ref
 
 logger = logging.getLogger(__name__)
 
@@ -35,8 +36,9 @@ class Attention(nn.Module):
         sliding_window: int | None = None,
         layer_index: int = 0,
         scale: float | None = None,
+        backend: AttentionBackend | None = None,
     ) -> None:
-        """scale: of q.k before softmax; None: head_dim ** -0.5."""
+        """scale: of q.k before softmax; None: head_dim ** -0.5. backend: None, the torch reference."""
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -49,8 +51,7 @@ class Attention(nn.Module):
         self.k_scale = 1.0
         self.v_scale = 1.0
         self.scales_known = False  # fp8: set from the checkpoint, else from the first prefill
-        self.cpp_decode = False  # fp32 on CPU: decode rows through edgellm/kernels/cpu_native.py
-        self.prefill_dtype: torch.dtype | None = None  # CPU "fast" mode: bf16 prefill attention
+        self.backend = backend or TorchRefAttention()
 
     def bind_cache(self, cache: torch.Tensor, k_scale: float | None, v_scale: float | None) -> None:
         self.kv_cache = cache
@@ -73,19 +74,5 @@ class Attention(nn.Module):
             raise RuntimeError("attention called before the KV cache was bound")
         if cache.dtype == torch.float8_e4m3fn and not self.scales_known:
             self._calibrate(k, v)
-        if cache.is_cuda:
-            from edgellm.kernels.kv_cache import write_kv_triton
-            from edgellm.kernels.paged_attention import paged_attention_triton
-
-            write_kv_triton(k, v, cache, meta.slot_mapping, self.k_scale, self.v_scale)
-            return paged_attention_triton(
-                q, k, v, cache, meta.block_tables, meta.seq_lens_tensor, meta.query_start_loc_tensor,
-                meta.num_decodes, self.scale, self.sliding_window, self.k_scale, self.v_scale,
-                max_query_len=meta.max_query_len, max_seq_len=meta.max_seq_len,
-            )
-        write_kv_ref(k, v, cache, meta.slot_mapping, self.k_scale, self.v_scale)
-        return paged_attention_ref(
-            q, k, v, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-            meta.num_decodes, self.scale, self.sliding_window, self.k_scale, self.v_scale,
-            step_cache=meta.step_cache, cpp_decode=self.cpp_decode, prefill_dtype=self.prefill_dtype,
-        )
+        self.backend.write_kv(k, v, cache, meta, self.k_scale, self.v_scale)
+        return self.backend.attend(q, k, v, cache, meta, self.scale, self.sliding_window, self.k_scale, self.v_scale)

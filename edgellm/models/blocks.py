@@ -13,7 +13,7 @@ from torch import nn
 
 from edgellm.batch import ForwardBatch
 from edgellm.config import ModelConfig
-from edgellm.kernels import cpu_native
+from edgellm.layer_ops import LayerOps
 from edgellm.layers.attention import Attention
 from edgellm.layers.linear import Linear
 from edgellm.layers.norm import RMSNorm
@@ -30,8 +30,10 @@ def _checkpoint_names(cfg: ModelConfig, parent: str, fused: str) -> list[str]:
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, scheme: QuantScheme, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, scheme: QuantScheme, dtype: torch.dtype,
+                 ops: LayerOps | None = None) -> None:
         super().__init__()
+        ops = ops or LayerOps()
         p = f"model.layers.{layer}.self_attn"
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
@@ -50,8 +52,11 @@ class SelfAttention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype, cfg.norm_weight_offset) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype, cfg.norm_weight_offset) if cfg.qk_norm else None
         self.attn = Attention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.sliding_windows[layer], layer,
-                              cfg.attn_scale)
-        self.native_rotary = False  # CPU fast mode, full-width rotary, no q/k norms: set by the loader
+                              cfg.attn_scale, ops.attention)
+        # C++ rotary in place on the projection (edgellm/kernels/csrc/cpu/rotary.cpp): full-width
+        # rotary without q/k norms, where the load's ops have the C++ kernels
+        full = int(cfg.head_dim * cfg.partial_rotary_factor) == cfg.head_dim
+        self.native_rotary = ops.native if full and not cfg.qk_norm else None
         # fp8 KV cache scales, when the checkpoint carries them (compressed-tensors kv_cache_scheme);
         # NaN = not given. Buffers, not parameters: optional for the loader.
         self.register_buffer("k_scale", torch.full((), float("nan")), persistent=False)
@@ -61,12 +66,12 @@ class SelfAttention(nn.Module):
                 batch: ForwardBatch) -> torch.Tensor:
         """rotary None: a layer without positional rotation (EXAONE 4's global layers)."""
         qkv = self.qkv_proj(x)
-        if (self.native_rotary and cos_sin is not None and qkv.dtype == torch.float32 and qkv.dim() == 2
-                and qkv.stride(-1) == 1):
-            # CPU fast mode: rotary in place on the projection (edgellm/kernels/cpu_native.rotate_)
+        if (self.native_rotary is not None and rotary is not None and cos_sin is not None
+                and qkv.dtype == torch.float32 and qkv.dim() == 2 and qkv.stride(-1) == 1):
             cos, sin = cos_sin
-            cpu_native.rotate_(qkv, cos.reshape(qkv.shape[0], -1), sin.reshape(qkv.shape[0], -1),
-                               self.num_heads + self.num_kv_heads, self.head_dim)
+            n = qkv.shape[0]
+            self.native_rotary.rotate_(qkv, cos.reshape(n, -1).contiguous(), sin.reshape(n, -1).contiguous(),
+                                       self.num_heads + self.num_kv_heads, self.head_dim)
             q = qkv[:, : self.q_size].view(-1, self.num_heads, self.head_dim)
             k = qkv[:, self.q_size : self.q_size + self.kv_size].view(-1, self.num_kv_heads, self.head_dim)
             v = qkv[:, self.q_size + self.kv_size :].view(-1, self.num_kv_heads, self.head_dim)
@@ -99,8 +104,10 @@ _ACTIVATIONS = {
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, scheme: QuantScheme, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, scheme: QuantScheme, dtype: torch.dtype,
+                 ops: LayerOps | None = None) -> None:
         super().__init__()
+        ops = ops or LayerOps()
         p = f"model.layers.{layer}.mlp"
         self.intermediate_size = cfg.intermediate_size
         self.hidden_act = cfg.hidden_act
@@ -119,23 +126,26 @@ class MLP(nn.Module):
             scheme.linear_method(f"{p}.down_proj"), dtype, f"{p}.down_proj",
         )
 
-    # CPU fast mode (int4 kernels) or auto on a CPU with bf16 units (integer-dot kernels with bf16
-    # dense copies), SiLU, no bias: set by the loader; a step takes it when both linears' kernels
-    # round their input to bf16 at its row count (rounds_to_bf16)
-    bf16_intermediate = False
-    native_silu_mul = False  # ... and the C++ kernels built
+        # a bf16 intermediate (the load's ops allow it: CPU fast mode, or auto with bf16 units; a
+        # gated SiLU without biases): taken by a step whose two linears' kernels round their input
+        # to bf16 at its row count anyway (rounds_to_bf16); SiLU-and-mul in C++ when built
+        self.bf16_intermediate = ops.bf16_mlp and self.gated_silu and not cfg.mlp_bias
+        self.native_silu_mul = ops.native if self.bf16_intermediate else None
 
     def _bf16_step(self, rows: int) -> bool:
-        return (self.bf16_intermediate and rows > 1 and self.gate_up_proj.kernel.rounds_to_bf16(rows)
-                and self.down_proj.kernel.rounds_to_bf16(rows))
+        def rounds(linear: Linear) -> bool:
+            test = getattr(getattr(linear, "kernel", None), "rounds_to_bf16", None)
+            return test is not None and test(rows)
+
+        return self.bf16_intermediate and rows > 1 and rounds(self.gate_up_proj) and rounds(self.down_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._bf16_step(x.numel() // x.shape[-1]):
             # the down projection rounds its input to bf16 anyway: keep gate/up and SiLU in bf16
             # instead of widening [T, 2 * intermediate] to fp32 and back (prefill-sized steps)
             gu = self.gate_up_proj(x.to(torch.bfloat16))
-            if self.native_silu_mul:  # one pass, one rounding (edgellm/kernels/cpu_native.silu_mul)
-                return self.down_proj(cpu_native.silu_mul(gu.reshape(-1, gu.shape[-1]))).to(x.dtype)
+            if self.native_silu_mul is not None:  # one pass, one rounding (csrc/cpu/activation.cpp)
+                return self.down_proj(self.native_silu_mul.silu_mul(gu.reshape(-1, gu.shape[-1]))).to(x.dtype)
             gate, up = gu.split(self.intermediate_size, dim=-1)
             return self.down_proj(F.silu(gate) * up).to(x.dtype)
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)

@@ -14,6 +14,7 @@ from torch import nn
 
 from edgellm.batch import ForwardBatch
 from edgellm.config import ModelConfig
+from edgellm.layer_ops import LayerOps
 from edgellm.layers.attention import Attention
 from edgellm.layers.linear import Linear
 from edgellm.layers.norm import RMSNorm
@@ -27,17 +28,19 @@ class DecoderLayer(nn.Module):
     post_attention_layernorm); "sandwich" adds attn_output_norm and mlp_output_norm on each
     branch's output; "post" has only those two."""
 
-    def __init__(self, cfg: ModelConfig, layer: int, scheme: QuantScheme, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, scheme: QuantScheme, dtype: torch.dtype,
+                 ops: LayerOps) -> None:
         super().__init__()
 
         def norm(present: bool) -> RMSNorm | None:
-            return RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, cfg.norm_weight_offset) if present else None
+            return (RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, cfg.norm_weight_offset, ops.native)
+                    if present else None)
 
         self.input_layernorm = norm(cfg.norm_layout != "post")
-        self.self_attn = SelfAttention(cfg, layer, scheme, dtype)
+        self.self_attn = SelfAttention(cfg, layer, scheme, dtype, ops)
         self.attn_output_norm = norm(cfg.norm_layout != "pre")
         self.post_attention_layernorm = norm(cfg.norm_layout != "post")
-        self.mlp = MLP(cfg, layer, scheme, dtype)
+        self.mlp = MLP(cfg, layer, scheme, dtype, ops)
         self.mlp_output_norm = norm(cfg.norm_layout != "pre")
 
     def forward(self, x: torch.Tensor, rotary: RotaryEmbedding | None, cos_sin: CosSin | None,
@@ -49,11 +52,13 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, scheme: QuantScheme, dtype: torch.dtype, max_position: int) -> None:
+    def __init__(self, cfg: ModelConfig, scheme: QuantScheme, dtype: torch.dtype, max_position: int,
+                 ops: LayerOps | None = None) -> None:
         super().__init__()
+        ops = ops or LayerOps()
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, dtype, cfg.embed_scale)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, scheme, dtype) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, cfg.norm_weight_offset)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, scheme, dtype, ops) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, cfg.norm_weight_offset, ops.native)
         self.rotary = RotaryEmbedding(
             cfg.head_dim, max_position, cfg.rope_theta, cfg.rope_scaling, cfg.partial_rotary_factor,
             cfg.max_position_embeddings,
@@ -93,12 +98,14 @@ class CausalLM(nn.Module):
     """The whole model: hidden states for a flattened step, logits for chosen rows."""
 
     def __init__(
-        self, cfg: ModelConfig, scheme: QuantScheme, dtype: torch.dtype, max_position: int | None = None
+        self, cfg: ModelConfig, scheme: QuantScheme, dtype: torch.dtype, max_position: int | None = None,
+        ops: LayerOps | None = None,
     ) -> None:
+        """ops: what the layers run (edgellm/layer_ops.py; None: plain torch)."""
         super().__init__()
         self.config = cfg
         self.dtype = dtype
-        self.model = DecoderModel(cfg, scheme, dtype, max_position or cfg.max_position_embeddings)
+        self.model = DecoderModel(cfg, scheme, dtype, max_position or cfg.max_position_embeddings, ops)
         if cfg.tie_word_embeddings:
             self.lm_head = None
         else:

@@ -215,8 +215,8 @@ def calibrate_amx(kernels: list[CpuIntDotKernel], layers: int = 2) -> int | None
     with torch.inference_mode():
         for rows in CALIBRATION_ROWS:
             xs = [torch.randn(rows, k.k) for k in sample]
-            t_vnni = _time(lambda: [k.int_dot(x, None, never) for k, x in zip(sample, xs)])
-            t_amx = _time(lambda: [k.int_dot(x, None, 0) for k, x in zip(sample, xs)])
+            t_vnni = _time(lambda xs=xs: [k.int_dot(x, None, never) for k, x in zip(sample, xs)])
+            t_amx = _time(lambda xs=xs: [k.int_dot(x, None, 0) for k, x in zip(sample, xs)])
             wins.append(t_amx < t_vnni)
     start = next((i for i in range(len(wins)) if all(wins[i:])), None)
     amx_rows = CALIBRATION_ROWS[start] if start is not None else None
@@ -241,8 +241,8 @@ def calibrate(kernels: list[CpuIntDotKernel], layers: int = 2) -> int | None:
     with torch.inference_mode():
         for rows in CALIBRATION_ROWS:
             xs = [torch.randn(rows, k.k) for k in sample]
-            t_int = _time(lambda: [k.int_dot(x, None) for k, x in zip(sample, xs)])
-            t_dense = _time(lambda: [k.dense_matmul(x, None) for k, x in zip(sample, xs)])
+            t_int = _time(lambda xs=xs: [k.int_dot(x, None) for k, x in zip(sample, xs)])
+            t_dense = _time(lambda xs=xs: [k.dense_matmul(x, None) for k, x in zip(sample, xs)])
             if t_dense < t_int:
                 dense_won = True
                 crossover = rows // 2 if rows > 1 else 0

@@ -62,7 +62,7 @@ class IntDotLogitsHead(CpuFastLogitsHead):
         with torch.inference_mode():
             for r in rows:
                 x = torch.randn(r, self.k)
-                wins.append(_time(lambda: self.int_dot(x, 0)) < _time(lambda: self.int_dot(x, never)))
+                wins.append(_time(lambda x=x: self.int_dot(x, 0)) < _time(lambda x=x: self.int_dot(x, never)))
         start = next((i for i in range(len(wins)) if all(wins[i:])), None)
         self.amx_rows = never if start is None else rows[start]
         return None if start is None else rows[start]
