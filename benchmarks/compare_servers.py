@@ -32,15 +32,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import gc
 import json
 import math
 import os
-import platform
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,8 +47,8 @@ from typing import Any
 import httpx
 
 from edgellm.bench.llama_cpp import LLAMA_DEFAULT, find_llama_server, llama_flags
-from edgellm.bench.report import cpu_name
-from edgellm.bench.servers import Server, free_port
+from edgellm.bench.report import machine_info
+from edgellm.bench.servers import Server, free_port, served_model
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -59,33 +56,6 @@ SERVERS = ("edgellm", "hf", "llama-server")
 
 
 # ------------------------------------------------------------------------ machine
-def machine_info(threads: int) -> dict[str, Any]:
-    import torch
-
-    cpu = cpu_name()
-    info: dict[str, Any] = {
-        "cpu": cpu, "cores": os.cpu_count(), "threads": threads, "torch": torch.__version__,
-        "python": platform.python_version(), "platform": platform.platform(),
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "load_average_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-    }
-    try:
-        import transformers
-
-        info["transformers"] = transformers.__version__
-    except ImportError:
-        pass
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                             timeout=10, check=False).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, timeout=10, check=False).stdout.strip()
-        info["edgellm_commit"] = rev + ("+dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return info
-
-
 def read_bandwidth(threads: int, repeats: int = 5, mbytes: int = 512) -> float:
     """Memory read bandwidth in GB/s: the best of `repeats` sums over a tensor far beyond the caches."""
     import torch
@@ -211,12 +181,6 @@ def build_servers(args: argparse.Namespace, log_dir: Path, gguf: Path) -> tuple[
 
 
 # -------------------------------------------------------------------------- bench
-def served_model(url: str) -> str:
-    resp = httpx.get(url + "/v1/models", timeout=30)
-    resp.raise_for_status()
-    return str(resp.json()["data"][0]["id"])
-
-
 def bench_server(server: Server, tokenizer: Any, args: argparse.Namespace) -> dict[str, Any]:
     """Warm up, then one run per concurrency level (plus the voice workload with --voice)."""
     from edgellm.bench.client import Target, run_load, send_one

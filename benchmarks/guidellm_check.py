@@ -94,6 +94,7 @@ from typing import Any
 import httpx
 
 from edgellm.bench.report import cpu_name
+from edgellm.bench.servers import served_model
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "guidellm_check.json"
@@ -178,12 +179,6 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
-
-
-def served_model(url: str) -> str:
-    resp = httpx.get(url + "/v1/models", timeout=30)
-    resp.raise_for_status()
-    return str(resp.json()["data"][0]["id"])
 
 
 def warm_up(url: str, model: str, n: int = 4) -> None:

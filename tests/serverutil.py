@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -16,6 +15,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+
+from edgellm.bench.servers import scrape  # noqa: F401  (the tests and reliability scripts import it from here)
 
 
 def free_port() -> int:
@@ -111,18 +112,6 @@ def rss_bytes(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError(f"no VmRSS for pid {pid}")
-
-
-def scrape(url: str, headers: dict[str, str] | None = None) -> dict[str, float]:
-    """name{labels} -> value from /metrics (the label set dropped when it is only model_name)."""
-    out: dict[str, float] = {}
-    for line in httpx.get(url + "/metrics", headers=headers, timeout=30).text.splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        key, value = line.rsplit(" ", 1)
-        key = re.sub(r'\{model_name="[^"]*"\}', "", key)
-        out[key] = float(value)
-    return out
 
 
 def is_openai_error(body: Any) -> bool:

@@ -66,3 +66,27 @@ def test_datasets_hit_requested_lengths():
     systems = {r.messages[0]["content"] for r in voice}
     assert len(systems) == 1 and len(next(iter(systems)).split()) == 100
     assert len({r.messages[1]["content"] for r in voice}) == 5
+
+
+def test_persona_conversations_share_a_prompt_per_persona_and_grow_turn_by_turn():
+    from edgellm.bench.conversations import persona_conversations, turn_request
+
+    tok = _WordTokenizer()
+    convs = persona_conversations(tok, personas=3, callers=9, turns=4, system_len=50, user_len=6,
+                                  output_len=10, seed=1)
+    assert sorted(c.persona for c in convs) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert [c.persona for c in convs] != sorted(c.persona for c in convs)  # callers interleaved
+    systems = {c.persona: c.system for c in convs}
+    assert all(c.system == systems[c.persona] for c in convs)
+    firsts = {s.split()[3] for s in systems.values()}  # "You are persona N." then the words
+    assert len(firsts) == 3 and len({s.split()[4] for s in systems.values()}) >= 2
+    assert all(len(c.user_turns) == 4 and all(len(u.split()) == 6 for u in c.user_turns) for c in convs)
+    assert len({u for c in convs for u in c.user_turns}) == 36
+    c = convs[0]
+    history = [{"role": "user", "content": c.user_turns[0]}, {"role": "assistant", "content": "an answer"}]
+    req = turn_request(c, history, 1)
+    assert req.messages == [{"role": "system", "content": c.system}, *history,
+                            {"role": "user", "content": c.user_turns[1]}]
+    assert req.prompt_len == 50 + 2 * 6 + 10 and req.output_len == 10
+    with pytest.raises(ValueError):
+        persona_conversations(tok, 0, 3, 1, 5, 5, 5, 0)

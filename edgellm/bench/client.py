@@ -27,6 +27,8 @@ class RequestResult:
     e2e: float = 0.0
     error: str = ""
     start: float = 0.0
+    text: str = ""  # the content received, joined
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, when the server sends it
 
     @property
     def tpot(self) -> float | None:
@@ -99,8 +101,11 @@ async def send(client: httpx.AsyncClient, target: Target, req: BenchRequest) -> 
                 chunk = json.loads(data)
                 if chunk.get("usage"):
                     usage_tokens = chunk["usage"].get("completion_tokens")
-                if not _content(chunk):
+                    result.cached_tokens = (chunk["usage"].get("prompt_tokens_details") or {}).get("cached_tokens")
+                content = _content(chunk)
+                if not content:
                     continue
+                result.text += content
                 now = time.perf_counter()
                 if chunks == 0:
                     result.ttft = now - start

@@ -28,7 +28,7 @@ class BenchRequest:
     output_len: int
 
 
-def _text_of_len(tokenizer: Any, rng: random.Random, n_tokens: int) -> str:
+def text_of_len(tokenizer: Any, rng: random.Random, n_tokens: int) -> str:
     """Random words trimmed to n_tokens tokens (by the given tokenizer)."""
     words = [rng.choice(_WORDS) for _ in range(max(1, n_tokens))]
     ids = tokenizer.encode(" ".join(words), add_special_tokens=False)[:n_tokens]
@@ -46,7 +46,7 @@ def random_requests(tokenizer: Any, num: int, input_len: int, output_len: int, r
     out = []
     for _ in range(num):
         n_in, n_out = _lens(rng, input_len, range_ratio), _lens(rng, output_len, range_ratio)
-        text = _text_of_len(tokenizer, rng, n_in)
+        text = text_of_len(tokenizer, rng, n_in)
         out.append(BenchRequest([{"role": "user", "content": text}] if chat else None,
                                 None if chat else text, n_in, n_out))
     return out
@@ -56,11 +56,11 @@ def voice_requests(tokenizer: Any, num: int, system_len: int, user_len: int, out
                    seed: int) -> list[BenchRequest]:
     """A voice agent: the same long system prompt on every request, a short new user turn."""
     rng = random.Random(seed)
-    system = _text_of_len(tokenizer, random.Random(seed + 1_000_003), system_len)
+    system = text_of_len(tokenizer, random.Random(seed + 1_000_003), system_len)
     return [
         BenchRequest(
             [{"role": "system", "content": system},
-             {"role": "user", "content": _text_of_len(tokenizer, rng, user_len)}],
+             {"role": "user", "content": text_of_len(tokenizer, rng, user_len)}],
             None, system_len + user_len, output_len,
         )
         for _ in range(num)

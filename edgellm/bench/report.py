@@ -147,3 +147,38 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def machine_info(threads: int) -> dict[str, Any]:
+    """The machine a result was measured on: CPU, cores, threads used, versions, date, load average at
+    the start, and the checkout's commit (+dirty when tracked files changed)."""
+    import datetime as dt
+    import os
+    import platform
+    import subprocess
+    from pathlib import Path
+
+    import torch
+
+    root = Path(__file__).resolve().parents[2]
+    info: dict[str, Any] = {
+        "cpu": cpu_name(), "cores": os.cpu_count(), "threads": threads, "torch": torch.__version__,
+        "python": platform.python_version(), "platform": platform.platform(),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "load_average_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }
+    try:
+        import transformers
+
+        info["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                             timeout=10, check=False).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10, check=False).stdout.strip()
+        info["edgellm_commit"] = rev + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return info

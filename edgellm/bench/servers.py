@@ -1,10 +1,12 @@
-"""Servers under test, for the benchmarks: a free port, and one subprocess wrapper that starts a
-server, waits for GET /health to answer 200, and stops it."""
+"""Servers under test, for the benchmarks: a free port, one subprocess wrapper that starts a
+server, waits for GET /health to answer 200, and stops it, and what a running server says of itself
+(its served model, its /metrics)."""
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import socket
 import subprocess
 import time
@@ -19,6 +21,25 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def served_model(url: str) -> str:
+    """The first model id GET /v1/models lists."""
+    resp = httpx.get(url + "/v1/models", timeout=30)
+    resp.raise_for_status()
+    return str(resp.json()["data"][0]["id"])
+
+
+def scrape(url: str, headers: dict[str, str] | None = None) -> dict[str, float]:
+    """name{labels} -> value from GET /metrics (the label set dropped when it is only model_name)."""
+    out: dict[str, float] = {}
+    for line in httpx.get(url + "/metrics", headers=headers, timeout=30).text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        key, value = line.rsplit(" ", 1)
+        key = re.sub(r'\{model_name="[^"]*"\}', "", key)
+        out[key] = float(value)
+    return out
 
 
 class Server:

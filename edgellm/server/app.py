@@ -34,6 +34,7 @@ from edgellm.server.protocol import ChatCompletionRequest, CompletionRequest
 from edgellm.server.readiness import Readiness
 from edgellm.server.responses import complete, stream
 from edgellm.server.serving import ClientGone, Run, ServedModel, prepare
+from edgellm.server.tokenize import parse_body, tokenize
 from edgellm.structured import StructuredOutputError
 
 logger = logging.getLogger(__name__)
@@ -183,6 +184,16 @@ def create_app(models: list[ServedModel], settings: ServerSettings | None = None
     @app.post("/v1/completions", openapi_extra=_json_body(CompletionRequest))
     async def completions(request: Request) -> Response:
         return await handle(request, CompletionRequest)
+
+    @app.post("/tokenize")
+    async def tokenize_route(request: Request) -> Response:
+        """vLLM's /tokenize (server/tokenize.py): what token-aware routers route by."""
+        readiness.require()
+        try:
+            body = parse_body(await _read_body(request, settings.max_body_bytes))
+        except ClientGone:
+            return Response(status_code=499)
+        return JSONResponse(tokenize(lookup(body.get("model")), body))
 
     def model_card(name: str, served: ServedModel) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": served.created, "owned_by": "edgellm",

@@ -148,47 +148,56 @@ def _check_priority(engine: Any, priority: int) -> None:
                           param="priority")
 
 
+def chat_prompt(served: ServedModel, req: ChatCompletionRequest) -> tuple[str, list[int], ToolPlan | None]:
+    """The chat rendered by the model's template (tools in the template, or in the generic prompt
+    when the template takes none), its token ids, and the tool plan (None without tools)."""
+    tok = served.engine.tokenizer
+    if tok is None:
+        raise bad_request("this model has no tokenizer, so no chat template; use /v1/completions "
+                          "with token ids", param="messages")
+    tools = req.tool_plan()
+    if tools is not None and tools.mode == "none":
+        tools = None
+    conversation = req.conversation()
+    kwargs = dict(req.chat_template_kwargs or {})
+    if tools is not None:
+        template = tok.hf.chat_template
+        tools = replace(tools, parser_name=choose_parser(served.tool_parser, template))
+        if template_takes_tools(template):
+            kwargs["tools"] = tools.tools
+        else:
+            conversation = with_generic_prompt(conversation, tools.tools)
+    try:
+        text = tok.render_chat(conversation, req.add_generation_prompt, **kwargs)
+    except APIError:
+        raise
+    except Exception as exc:  # noqa: BLE001  (jinja raises its own errors for bad roles/orders)
+        raise bad_request(f"the chat template could not render these messages: {exc}",
+                          param="messages") from None
+    return text, tok.encode(text, add_special_tokens=False), tools
+
+
+def text_prompt_ids(served: ServedModel, prompt: str, add_special_tokens: bool = True) -> list[int]:
+    """A completion prompt's token ids (the tokenizer's special tokens added, as for generation)."""
+    tok = served.engine.tokenizer
+    if tok is None:
+        raise bad_request("this model has no tokenizer: give the prompt as token ids", param="prompt")
+    return tok.encode(prompt, add_special_tokens=add_special_tokens)
+
+
 def prepare(served: ServedModel, req: ChatCompletionRequest | CompletionRequest, arrival: float) -> Prepared:
     req.check()
     engine = served.engine
     _check_priority(engine, req.priority)
-    tok = engine.tokenizer
     if isinstance(req, ChatCompletionRequest):
         kind, what, prefix = "chat", "messages", "chatcmpl-"
-        if tok is None:
-            raise bad_request("this model has no tokenizer, so no chat template; use /v1/completions "
-                              "with token ids", param="messages")
-        tools = req.tool_plan()
-        if tools is not None and tools.mode == "none":
-            tools = None
-        conversation = req.conversation()
-        kwargs = dict(req.chat_template_kwargs or {})
-        if tools is not None:
-            template = tok.hf.chat_template
-            tools = replace(tools, parser_name=choose_parser(served.tool_parser, template))
-            if template_takes_tools(template):
-                kwargs["tools"] = tools.tools
-            else:
-                conversation = with_generic_prompt(conversation, tools.tools)
-        try:
-            text = tok.render_chat(conversation, req.add_generation_prompt, **kwargs)
-        except APIError:
-            raise
-        except Exception as exc:  # noqa: BLE001  (jinja raises its own errors for bad roles/orders)
-            raise bad_request(f"the chat template could not render these messages: {exc}",
-                              param="messages") from None
-        prompts: list[tuple[str | None, list[int]]] = [(text, tok.encode(text, add_special_tokens=False))]
+        text, ids, tools = chat_prompt(served, req)
+        prompts: list[tuple[str | None, list[int]]] = [(text, ids)]
     else:
         kind, what, prefix = "completion", "prompt", "cmpl-"
         tools = None
-        prompts = []
-        for p in req.prompts():
-            if isinstance(p, str):
-                if tok is None:
-                    raise bad_request("this model has no tokenizer: give the prompt as token ids", param="prompt")
-                prompts.append((p, tok.encode(p)))
-            else:
-                prompts.append((None, list(p)))
+        prompts = [(p, text_prompt_ids(served, p)) if isinstance(p, str) else (None, list(p))
+                   for p in req.prompts()]
 
     limit = engine.max_model_len
     requested = req.requested_max_tokens()
