@@ -145,6 +145,27 @@ def test_the_plan_parses_in_the_chosen_format(name):
         assert parser.calls == [] and not parser.open_call and parser.content == OUTPUTS[name]
 
 
+NO_ARGUMENTS = {  # get_time called without arguments, in each family's format
+    "hermes": '<tool_call>{"name": "get_time"}</tool_call>',
+    "llama3_json": '{"name": "get_time"}',
+    "mistral": '[TOOL_CALLS][{"name": "get_time"}]',
+    "pythonic": "[get_time()]",
+}
+
+
+@pytest.mark.parametrize("name", sorted(NO_ARGUMENTS))
+def test_a_call_without_arguments_has_the_arguments_empty_object(name):
+    """OpenAI clients json.loads the arguments: "{}", never "" (the message, and the joined stream
+    fragments, a character at a time)."""
+    tools = dataclasses.replace(plan([WEATHER, NOW], "auto", None), parser_name=name)
+    msg, finish = tool_output.message(tools, NO_ARGUMENTS[name], "stop")
+    assert finish == "tool_calls" and msg["tool_calls"][0]["function"]["arguments"] == "{}"
+    stream = tool_output.StreamedCalls(tools)
+    deltas = [d for ch in NO_ARGUMENTS[name] for d in stream.feed(ch)] + stream.finish("stop")[0]
+    fragments = [tc["function"]["arguments"] for d in deltas for tc in d["tool_calls"]]
+    assert "".join(fragments) == "{}"
+
+
 MODEL = "smollm2-135m-instruct"
 REGEX = r"\[get_weather\(city='서울', days=2\), get_time\(\)\]"
 

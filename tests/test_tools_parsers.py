@@ -16,7 +16,7 @@ TWO_CALLS = ('I will check both.\n<tool_call>\n{"name": "get_weather", "argument
 HERMES = [
     (TWO_CALLS, "I will check both.",
      [("get_weather", {"city": "서울", "note": 'say "hi" {not a brace}'}), ("now", {})]),
-    ('<tool_call>{"name": "now"}</tool_call>', "", [("now", None)]),  # no arguments at all
+    ('<tool_call>{"name": "now"}</tool_call>', "", [("now", {})]),  # no arguments key: {}
     ('<tool_call>\n{"arguments": {"q": [1, {"a": "}"}]}, "name": "search"}\n</tool_call>', "",
      [("search", {"q": [1, {"a": "}"}]})]),  # arguments before the name
     ("No tools needed: 3 < 4 and <b>bold</b>.", "No tools needed: 3 < 4 and <b>bold</b>.", []),
@@ -66,7 +66,7 @@ def test_hermes(tok, how, case):
     assert "".join(e.text for e in events if isinstance(e, Content)).strip() == content
     assert [n for n, _ in parser.calls] == [n for n, _ in calls]
     for (_, args), (_, want) in zip(parser.calls, calls):
-        assert (json.loads(args) if args else None) == want
+        assert json.loads(args) == want
     # event order: a call's start, then its fragments, then its end; fragments join to its arguments
     for i, (name, args) in enumerate(parser.calls):
         mine = [e for e in events if getattr(e, "index", None) == i]

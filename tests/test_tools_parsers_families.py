@@ -150,6 +150,30 @@ def test_every_way_gives_the_same_result(tok):
             assert len(seen) == 1, (name, text, seen)
 
 
+# Calls written without arguments, in each format: the arguments are "{}" exactly, [(name, ...)]
+NO_ARGUMENTS = [
+    ("hermes", '<tool_call>{"name": "get_time"}</tool_call>', ["get_time"]),
+    ("hermes", '<tool_call>\n{"name": "get_time"}\n</tool_call>\n<tool_call>{"name": "now"}</tool_call>',
+     ["get_time", "now"]),
+    ("llama3_json", '{"name": "get_time"}', ["get_time"]),
+    ("llama3_json", '<|python_tag|>{"name": "get_time"}; {"name": "now", "parameters": {}}', ["get_time", "now"]),
+    ("mistral", '[TOOL_CALLS][{"name": "get_time"}, {"name": "now"}]', ["get_time", "now"]),
+    ("mistral", '[{"name": "get_time"}]', ["get_time"]),  # special tokens skipped
+    ("mistral", "[TOOL_CALLS]get_time[ARGS]{}", ["get_time"]),
+    ("pythonic", "[get_time(), now()]", ["get_time", "now"]),
+]
+
+
+@pytest.mark.parametrize("how", HOW)
+@pytest.mark.parametrize("case", range(len(NO_ARGUMENTS)))
+def test_a_call_without_arguments_gets_an_empty_object(tok, how, case):
+    name, text, names = NO_ARGUMENTS[case]
+    parser, events = feed_all(tok, name, text, how)
+    assert parser.calls == [(n, "{}") for n in names] and parser.content == ""
+    for i in range(len(names)):
+        assert "".join(e.text for e in events if isinstance(e, Args) and e.index == i) == "{}"
+
+
 def test_text_that_may_open_a_call_is_held_back_only_that_long():
     p = PARSERS["mistral"]()
     assert p.feed("Hello [TOOL") == [Content("Hello")]

@@ -1,6 +1,8 @@
 """One tool-call JSON object, {"name": "...", "arguments": <json>}, read a character at a time
 (the parsers in parsers.py drive it): CallStart once the name is complete, Args fragments of the
-arguments as they arrive (held until the name is known if they come first), CallEnd at the close."""
+arguments as they arrive (held until the name is known if they come first), CallEnd at the close.
+A call written without an arguments key gets the arguments `{}` (one Args fragment before its
+CallEnd), as OpenAI clients parse the arguments as a JSON object."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from edgellm.tools.events import Args, CallEnd, CallStart, Event
 
 NAME_KEYS = ("name",)
 ARG_KEYS = ("arguments", "parameters")
+EMPTY_ARGS = "{}"  # the arguments of a call that has none
 
 
 class CallObject:
@@ -29,6 +32,7 @@ class CallObject:
         self.done = False
         self.pending_args = ""  # arguments seen before the name
         self.args_started = False
+        self.has_args = False  # an arguments key was read
 
     def feed(self, ch: str, out: list[Event]) -> None:
         if self.reading == "args":
@@ -59,6 +63,7 @@ class CallObject:
             self.reading = ("key" if self.key is None else "name") if self.depth == 1 else "skip"
         elif ch == ":" and self.depth == 1:
             if self.key in ARG_KEYS:
+                self.has_args = True
                 self.reading = "args"
                 self.args_depth = 0
                 self.args_started = False
@@ -72,6 +77,8 @@ class CallObject:
                 self.done = True
                 if not self.started:
                     raise ValueError("a tool call without a function name")
+                if not self.has_args:
+                    out.append(Args(self.index, EMPTY_ARGS))
                 out.append(CallEnd(self.index))
 
     def _string_done(self, out: list[Event]) -> None:
