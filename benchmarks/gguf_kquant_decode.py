@@ -23,7 +23,7 @@ from edgellm.bench.report import cpu_name  # noqa: E402
 from edgellm.platform import Platform  # noqa: E402
 from edgellm.quant import gguf_blocks  # noqa: E402
 from edgellm.quant.linear_kernels.cpu_int import CpuIntDotKernel  # noqa: E402
-from tests.gguf_files import random_rows  # noqa: E402
+from tests.helpers.gguf_files import random_rows  # noqa: E402
 
 SHAPES = {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072)}
 # per module: one type, or per-shard types with their row counts (q 2048, k 1024, v 1024)

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.serverutil import ServerProcess, rss_bytes, scrape
+from tests.helpers.serverutil import ServerProcess, rss_bytes, scrape
 
 MODEL = "reliability"
 SYSTEM = ("You are a friendly voice assistant for a travel company. Answer in two or three short spoken "
@@ -239,7 +239,7 @@ def machine() -> dict[str, Any]:
 
 
 def is_openai_error(body: Any) -> bool:
-    from tests.serverutil import is_openai_error as check
+    from tests.helpers.serverutil import is_openai_error as check
 
     return check(body)
 

@@ -23,13 +23,13 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.structured_schemas
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.helpers.structured_schemas
 
 from edgellm import LLM, SamplingParams  # noqa: E402
 from edgellm.bench.report import cpu_name  # noqa: E402
 from edgellm.structured import StructuredOutputs  # noqa: E402
 from edgellm.structured.grammar import GrammarService  # noqa: E402
-from tests.structured_schemas import schemas  # noqa: E402
+from tests.helpers.structured_schemas import schemas  # noqa: E402
 
 
 def valid_path(service: GrammarService, spec: StructuredOutputs, eos: list[int], seed: int) -> list[int]:

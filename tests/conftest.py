@@ -1,26 +1,47 @@
-"""Shared fixtures: tiny random-weight checkpoints built from transformers configs."""
+"""Shared set-up for every test: the environment (offline hub, Triton's CPU interpreter) and the
+tiny random-weight checkpoints built from transformers configs.
+
+The environment is set in `pytest_configure`, which runs before any test module is imported:
+Triton's interpreter only works when TRITON_INTERPRET=1 is set before triton is first imported,
+so no test may depend on which module happens to import the kernels first. The session fixture
+`triton_device` is what kernel tests use: the device Triton kernels run on here ("cuda", or "cpu"
+under the interpreter); it fails, never skips, when the interpreter is not active on a CPU host.
+"""
 
 from __future__ import annotations
 
 import os
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# No GPU here: Triton kernels run on CPU tensors in the interpreter. It must be set before
-# anything imports triton (the kernel modules do, through the model layers).
-if not os.environ.get("CUDA_VISIBLE_DEVICES") and not os.path.exists("/dev/nvidia0"):
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import pytest
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if not os.environ.get("CUDA_VISIBLE_DEVICES") and not os.path.exists("/dev/nvidia0"):
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    import torch
+
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="session")
+def triton_device() -> str:
+    """ "cuda" when a GPU is present, else "cpu" with the kernels built for the interpreter."""
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    from edgellm.kernels import gemm_common
+
+    assert gemm_common.interpreting(), "triton kernels were built without TRITON_INTERPRET=1"
+    return "cpu"
 
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     """Build (once per session) a tiny checkpoint per architecture; returns a getter."""
-    from tests.tiny_models import build_tiny
+    from tests.helpers.tiny_models import build_tiny
 
     cache: dict[str, tuple] = {}
 

@@ -44,7 +44,7 @@ and the torch version). When the build fails or is disabled
 (EDGELLM_CPU_NATIVE=torch) the torch paths run instead, with one warning that
 names the compiler's first error (file:line).
 fp32 math, summed in another order than the torch ops (and FMA-contracted):
-results agree with them to ~1e-6 relative (tests/test_cpu_native.py).
+results agree with them to ~1e-6 relative (tests/kernels/test_cpu_native.py).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ class RMSNorm(nn.Module):
                 and x.shape[0] > 1 and x.stride(1) == 1):
             return self.native.rms_norm(x, self.weight, float(self.eps))  # one pass (csrc/cpu/norm.cpp)
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
-            # one fused op instead of six; the same fp32 math, bit for bit (tests/test_layers.py)
+            # one fused op instead of six; the same fp32 math, bit for bit (tests/models/test_layers.py)
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         input_dtype = x.dtype
         h = x.to(torch.float32)

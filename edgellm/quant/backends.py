@@ -379,7 +379,7 @@ class CpuFastLogitsHead:
         known here), is a sum of K terms of mixed sign with standard deviation
         sigma = sqrt(|x|^2 ms(e) + |d|^2 ms(w)) (ms: the largest mean square over the rows);
         SIGMAS standard deviations of it. A worst-case bound (|x|_1 max|e|) is ~15x wider on real
-        hidden states and leaves thousands of candidates; tests/test_quant_default_model.py
+        hidden states and leaves thousands of candidates; tests/quant/test_default_model.py
         measures the largest error in sigmas on the model's own hidden states."""
         d = x - xb.float()
         ms_e = self.err_ms_int8 if int8 else self.err_ms_bf16

@@ -15,7 +15,7 @@ an offset per group
 when that is lossless, else fp32. Activations are quantized per call to int8 per 32-column
 block (llama.cpp's Q8_0 rule), so the result differs from the exact path only by that rounding:
 per output at most sum_b (d_b / 2) * sum_{k in b} |W[n, k]| (d_b: the block's step), and in
-practice its random-walk part (tests/test_kernels_cpu_int.py checks both against
+practice its random-walk part (tests/kernels/test_cpu_int.py checks both against
 edgellm/kernels/reference.py).
 
 Large steps (prefill) are compute-bound, and there a dense matmul may win: on AVX2 fp32 FMA
