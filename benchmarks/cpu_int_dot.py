@@ -22,7 +22,7 @@ from edgellm.bench.report import cpu_name
 from edgellm.cpu_isa import select
 from edgellm.kernels import cpu_native
 from edgellm.kernels.reference import int_weight_ref, pack_int4_blocks_ref, pack_int_n16_ref, tile_n16_ref
-from edgellm.quant.backends import bf16_linear, pack_bf16
+from edgellm.quant.linear_kernels.onednn import bf16_linear, pack_bf16, packed_available
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # SmolLM2-135M: qkv, o, gate_up, down
 NEVER = 1 << 62
@@ -49,7 +49,7 @@ def main() -> None:
             w = int_weight_ref(q, sc, off, 32)
             ws.append({"rows": (pack_int4_blocks_ref(q), sc, off), "n": n,
                        "n16": (pack_int_n16_ref(q, 4), tile_n16_ref(sc), tile_n16_ref(off)),
-                       "fp32": w, "bf16": pack_bf16(w) if isa.bf16_units else None})
+                       "fp32": w, "bf16": pack_bf16(w, packed_available()) if isa.bf16_units else None})
         layers.append(ws)
     empty = torch.empty(0)
 

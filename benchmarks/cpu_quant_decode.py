@@ -7,7 +7,7 @@ Q8_0 embedding): weights dequantized to fp32 at load ("exact") vs int4 kept pack
      576 -> 3072): fp32 F.linear (the exact path), torch's int4 GEMV (bf16 activations),
      bf16 F.linear over the dequantized weight (the fast path's larger steps), exact
      dequant + fp32 matmul per call (past the dense budget) -> the M up to which the GEMV
-     wins (edgellm/quant/backends.GEMV_MAX_ROWS);
+     wins (edgellm/quant/linear_kernels/cpu_fast.gemv_max_rows);
   3. decode tokens/s at batch 1 (and batch 4), both modes, interleaved repeats;
      prefill time of a ~200-token prompt;
   4. roofline: weight bytes each decode step reads / measured read bandwidth, and the
@@ -66,7 +66,8 @@ def bandwidth(repeats: int) -> dict[str, float]:
 
 
 def gemm_sweep(repeats: int) -> list[dict[str, float]]:
-    from edgellm.quant.backends import CpuInt4Kernel
+    from edgellm.platform import Platform
+    from edgellm.quant.linear_kernels.cpu_fast import CpuInt4Kernel
     from edgellm.quant.schemes import Int4Codes
 
     n, k, gs = 3072, 576, 32
@@ -74,7 +75,8 @@ def gemm_sweep(repeats: int) -> list[dict[str, float]]:
     codes = torch.randint(0, 16, (n, k), dtype=torch.int32)
     scales = torch.rand(n, k // gs).half().float() / 100
     offsets = -torch.rand(n, k // gs).half().float() / 10
-    kernel = CpuInt4Kernel.build(Int4Codes(codes, None, scales, gs, offsets=offsets), torch.float32)
+    kernel = CpuInt4Kernel.build(Int4Codes(codes, None, scales, gs, offsets=offsets), torch.float32,
+                                 Platform.create("fast"))
     dense = kernel.dense()
     dense_bf16 = dense.bfloat16()
     rows = []
@@ -103,7 +105,8 @@ def gemv_crossover(sweep: list[dict[str, float]]) -> int:
 
 def weight_bytes_per_token(model) -> int:
     """Bytes of weights one decode step reads (every linear once, plus the head)."""
-    from edgellm.quant.backends import CpuInt4Kernel, DenseKernel
+    from edgellm.quant.linear_kernels.cpu_fast import CpuInt4Kernel
+    from edgellm.quant.linear_kernels.dense import DenseKernel
 
     from edgellm.layers.linear import Linear
 
@@ -166,10 +169,11 @@ def main() -> None:
     for r in sweep:
         print(f"{r['M']:>4} {r['fp32_linear_us']:>14.0f} {r['int4_gemv_bf16_us']:>15.0f} "
               f"{r['dequant_fp32_linear_us']:>13.0f} {r['bf16_linear_us']:>14.0f}")
-    from edgellm.quant.backends import GEMV_MAX_ROWS
+    from edgellm.quant.linear_kernels.cpu_fast import gemv_max_rows
+    from edgellm.quant.linear_kernels.onednn import packed_available
 
     print(f"int4 GEMV beats the bf16 matmul up to M={gemv_crossover(sweep)} here "
-          f"(edgellm/quant/backends.GEMV_MAX_ROWS = {GEMV_MAX_ROWS})")
+          f"(edgellm/quant/linear_kernels/cpu_fast.gemv_max_rows: {gemv_max_rows(packed_available())})")
 
     llms, results = {}, {}
     for mode in ("exact", "fast"):

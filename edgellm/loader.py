@@ -232,7 +232,7 @@ def _prepare_cpu(model: CausalLM, scheme: QuantScheme, platform: Platform) -> No
     native = platform.native()  # built (once per machine and level) here, not in the first request
     quantized = scheme.name != "none"
     if platform.cpu_quant == "fast" and quantized:
-        model.use_fast_logits()
+        model.use_fast_logits(platform.packed_bf16)
     if platform.cpu_quant == "auto" and quantized:
         calibrate([m.kernel for m in model.modules() if isinstance(getattr(m, "kernel", None), CpuIntDotKernel)])
         if native is not None:

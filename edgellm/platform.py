@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from edgellm import env
 from edgellm.cpu_isa import CpuIsa, select
+from edgellm.quant.linear_kernels.onednn import packed_available
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ class Platform:
     isa: CpuIsa = field(default_factory=select)
     dense_budget: int = field(default_factory=env.cpu_dense_cache_bytes)  # bytes, this load
     dense_used: int = 0
+    packed_bf16: bool = field(default_factory=packed_available)  # bf16 copies in oneDNN's layout
 
     def __post_init__(self) -> None:
         self.cpu_quant = resolve_cpu_quant(self.cpu_quant)

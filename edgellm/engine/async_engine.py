@@ -54,10 +54,10 @@ class _Stream:
 
 def warm_matmuls(engine: LLMEngine) -> None:
     """CPU fast mode: build oneDNN's matmul primitives for every step size now rather than in the
-    first requests of each size (edgellm/quant/backends.warm_matmul_shapes)."""
-    from edgellm.quant.backends import PACKED_BF16, warm_matmul_shapes
+    first requests of each size (edgellm/quant/linear_kernels/cpu_fast.warm_matmul_shapes)."""
+    from edgellm.quant.linear_kernels.cpu_fast import warm_matmul_shapes
 
-    if not PACKED_BF16 or not str(engine.config.device).startswith("cpu"):
+    if not str(engine.config.device).startswith("cpu"):
         return
     t0 = time.perf_counter()
     runs = warm_matmul_shapes(engine.runner.model, engine.config.max_num_batched_tokens, engine.config.max_num_seqs)

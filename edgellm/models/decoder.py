@@ -115,9 +115,10 @@ class CausalLM(nn.Module):
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         return self.model(batch)
 
-    def use_fast_logits(self) -> None:
-        """CPU "fast" mode: an int8 / bf16 logits head for argmax-only rows (edgellm/quant/backends.CpuFastLogitsHead)."""
-        from edgellm.quant.backends import CpuFastLogitsHead
+    def use_fast_logits(self, packed_bf16: bool) -> None:
+        """CPU "fast" mode: an int8 / bf16 logits head for argmax-only rows
+        (edgellm/quant/linear_kernels/cpu_fast_head.CpuFastLogitsHead)."""
+        from edgellm.quant.linear_kernels.cpu_fast_head import CpuFastLogitsHead
 
         if self.lm_head is None:
             weight = self.model.embed_tokens.weight
@@ -125,7 +126,7 @@ class CausalLM(nn.Module):
             weight = getattr(self.lm_head, "weight", None)
             if not isinstance(weight, torch.Tensor) or weight.dtype != torch.float32:
                 return  # a quantized or non-fp32 head keeps its own kernel
-        self.fast_logits = CpuFastLogitsHead(weight)
+        self.fast_logits = CpuFastLogitsHead(weight, packed_bf16)
 
     def use_int_dot_logits(self, native, n16: bool = False) -> None:
         """CPU mode auto: an integer-dot logits head for argmax-only rows

@@ -5,7 +5,7 @@ The layer-by-layer path runs ~40 small torch ops per layer; at batch 1 their Pyt
 dispatcher cost was half of a decode step of SmolLM2-135M. The fused call does the same
 math with the same matmul ops (integer dots, int4 GEMV, bf16 or fp32 dense, chosen by rows
 exactly as the Python kernels do: edgellm/quant/linear_kernels/cpu_int.CpuIntDotKernel,
-edgellm/quant/backends.CpuInt4Kernel) and hand-written loops for the rest. On the exact path
+edgellm/quant/linear_kernels/cpu_fast.CpuInt4Kernel) and hand-written loops for the rest. On the exact path
 (fp32 weights) it agrees with the layers to fp32 summation-order noise (~1e-6), which is
 also how far the layer path is from transformers.
 
@@ -26,7 +26,6 @@ import torch
 
 from edgellm.batch import AttentionMetadata
 from edgellm.kernels import cpu_native
-from edgellm.quant import backends
 
 if TYPE_CHECKING:
     from edgellm.models.decoder import DecoderModel
@@ -52,7 +51,8 @@ def _linear_tensors(module) -> tuple[list[torch.Tensor], list[int]] | None:
     """One Linear's tensors and meta for the fused pass, or None if it cannot run there:
     tinygemm int4 (packed, scale_zero, -, dense, bias), int-dot int4 or int8 (qweight, scale,
     offset or empty, dense or empty, bias) or a plain fp32 matrix (-, -, -, weight, bias)."""
-    from edgellm.quant.backends import CpuInt4Kernel, DenseKernel
+    from edgellm.quant.linear_kernels.cpu_fast import CpuInt4Kernel
+    from edgellm.quant.linear_kernels.dense import DenseKernel
     from edgellm.quant.linear_kernels.cpu_int import CpuIntDotKernel
 
     bias = module.bias if isinstance(getattr(module, "bias", None), torch.Tensor) else _EMPTY
@@ -63,7 +63,7 @@ def _linear_tensors(module) -> tuple[list[torch.Tensor], list[int]] | None:
         if kernel.perm is not None or kernel.dense_weight is None:
             return None
         return ([kernel.packed, kernel.scale_zero, _EMPTY, kernel.dense_weight, bias],
-                [LINEAR_TINYGEMM, kernel.tinygemm_group, backends.GEMV_MAX_ROWS, 0, 0])
+                [LINEAR_TINYGEMM, kernel.tinygemm_group, kernel.gemv_max_rows, 0, 0])
     if isinstance(kernel, CpuIntDotKernel):
         if kernel.perm is not None:
             return None

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from edgellm.kernels.int4_layouts import unpack_int4
-from edgellm.quant.backends import FP8Kernel, Int8W8A8Kernel, Int8WeightOnlyKernel
+from edgellm.quant.linear_kernels.w8a8 import FP8Kernel, Int8W8A8Kernel, Int8WeightOnlyKernel
 from edgellm.quant.schemes import (
     Int4Codes,
     LinearMethod,

@@ -168,7 +168,7 @@ def dequantize_g_idx(layer: nn.Module, codes: Int4Codes,
 
 
 class QuantLinearMethod(LinearMethod):
-    """A weight-quantized linear: the format decodes, edgellm/quant/backends.py runs the matmul.
+    """A weight-quantized linear: the format decodes, edgellm/quant/backends.py chooses the matmul.
 
     Subclasses implement `create_weights` and `dequantize` (exact float32 W [N, K]),
     and `int4` where the weights are plain int4 codes with group scales.

@@ -302,7 +302,7 @@ def test_fused_decode_on_the_default_model(built):
     (the inputs differ in the last fp32 bit), so logprobs agree to bf16 noise, and tokens until a
     position where the layer path's own top two are nearly tied."""
     from edgellm import LLM
-    from edgellm.quant.backends import CpuInt4Kernel
+    from edgellm.quant.linear_kernels.cpu_fast import CpuInt4Kernel
 
     llm = LLM(kv_cache_memory=16 << 20, max_model_len=256, cpu_quant="fast", enable_prefix_caching=False)
     fused = llm.engine.model.model.fused

@@ -13,7 +13,7 @@ import torch
 
 from edgellm.kernels import grouped_gemm
 from edgellm.quant import gguf_blocks
-from edgellm.quant.backends import TritonInt4Kernel, TritonInt8GroupedKernel
+from edgellm.quant.linear_kernels.triton import TritonInt4Kernel, TritonInt8GroupedKernel
 from tests.helpers.gguf_files import random_rows
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

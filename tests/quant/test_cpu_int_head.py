@@ -146,7 +146,7 @@ def test_masked_head_takes_an_xgrammar_bitmask(native):
 def test_matmul_warm_up_takes_a_model_with_the_int8_head(native):
     """warm_matmul_shapes (run at every server start) on a model whose logits head is the int8
     one: that head keeps no bf16 oneDNN copy, so nothing of it is warmed and nothing fails."""
-    from edgellm.quant.backends import warm_matmul_shapes
+    from edgellm.quant.linear_kernels.cpu_fast import warm_matmul_shapes
 
     model = torch.nn.Module()
     model.fast_logits = _head(_weight(torch.Generator().manual_seed(5)), native)

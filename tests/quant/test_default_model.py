@@ -13,8 +13,7 @@ import pytest
 import torch
 
 from edgellm import LLM, SamplingParams
-from edgellm.quant import backends
-from edgellm.quant.backends import unpack_bf16
+from edgellm.quant.linear_kernels.onednn import packed_available, unpack_bf16
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "Explain gravity to a child."]
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
@@ -44,7 +43,7 @@ def exact():
 def fast():
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("EDGELLM_CPU_QUANT", "exact")  # the engine option wins over the environment
-        # 12-token steps: prefill chunks run the int4 GEMV (GEMV_MAX_ROWS) like decode does
+        # 12-token steps: prefill chunks run the int4 GEMV (up to its gemv_max_rows) like decode does
         return LLM(kv_cache_memory=32 << 20, max_model_len=512, max_num_batched_tokens=12, cpu_quant="fast")
 
 
@@ -57,7 +56,7 @@ def test_fast_path_keeps_every_linear_in_4_bit(exact, fast):
     assert all(f.dense_weight is not None and torch.equal(unpack_bf16(f.dense_weight), e.weight.bfloat16())
                for f, e in pairs)
     # ... reordered once for oneDNN's bf16 matmul where torch has it
-    assert all(f.dense_weight.is_mkldnn == backends.PACKED_BF16 for f, _ in pairs)
+    assert all(f.dense_weight.is_mkldnn == packed_available() for f, _ in pairs)
     # packed int4 + a nibble copy + scales: under a third of the fp32 weights
     assert _kernel_bytes(fast) < _kernel_bytes(exact) / 3
 
@@ -86,14 +85,14 @@ def test_fast_greedy_text_follows_the_dequantized_path(exact, fast):
 
 
 def test_fast_teacher_forced_top1_agrees(exact, fast, monkeypatch):
-    from edgellm.quant import backends
-
     chat = [{"role": "user", "content": "Tell me about the history of the bicycle."}]
     out = exact.chat(chat, SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True))[0]
     ids = out.prompt_token_ids + out.outputs[0].token_ids
     want = exact.prompt_logits([ids])[0]
     gemv = fast.prompt_logits([ids])[0]  # 12-token chunks: every step runs the int4 GEMV
-    monkeypatch.setattr(backends, "GEMV_MAX_ROWS", 0)
+    for module in fast.engine.model.modules():
+        if hasattr(module, "kernel"):
+            monkeypatch.setattr(module.kernel, "gemv_max_rows", 0)
     dense = fast.prompt_logits([ids])[0]  # every step runs the bf16 matmul
     for got in (gemv, dense):
         agree = (got.argmax(-1) == want.argmax(-1)).float().mean().item()

@@ -93,7 +93,7 @@ class CpuIntDotKernel(LinearKernel):
 
     def __init__(self, codes: Int4Codes | Int8Codes, native: Any, platform: Platform) -> None:
         from edgellm.kernels.reference import pack_int4_blocks_ref, pack_int_n16_ref, tile_n16_ref
-        from edgellm.quant.backends import pack_bf16
+        from edgellm.quant.linear_kernels.onednn import pack_bf16
         from edgellm.quant.schemes import Int8Codes
 
         _, perm = act_order_perm(codes)
@@ -128,7 +128,7 @@ class CpuIntDotKernel(LinearKernel):
             from edgellm.kernels.reference import int_weight_ref
 
             w = int_weight_ref(q, scale, offset if offset.numel() else None, self.group)
-            self.dense = pack_bf16(w) if self.dense_bf16 else w.contiguous()
+            self.dense = pack_bf16(w, platform.packed_bf16) if self.dense_bf16 else w.contiguous()
 
     @classmethod
     def can_implement(cls, **spec: Any) -> tuple[bool, str | None]:
@@ -165,7 +165,7 @@ class CpuIntDotKernel(LinearKernel):
     def dense_matmul(self, x2: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x2 [M, K] (fp32, or bf16 for a bf16 copy) times the dense copy: bf16 out from a bf16
         copy (bias added in fp32), fp32 from an fp32 one."""
-        from edgellm.quant.backends import bf16_linear
+        from edgellm.quant.linear_kernels.onednn import bf16_linear
 
         if self.dense_bf16:
             y = bf16_linear(x2.to(torch.bfloat16), self.dense)

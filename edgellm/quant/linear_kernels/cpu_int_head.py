@@ -3,7 +3,7 @@
 The head is the largest matrix of a small model (SmolLM2's tied 49152 x 576 embedding is 113 MB
 in fp32, more than all its int4 layers), so a greedy decode step reads it as int8 (one scale per
 vocabulary row, 28 MB) times int8-quantized activations (edgellm/kernels/csrc/cpu/qgemm.cpp, bits 8).
-The argmax stays the fp32 head's, as in edgellm/quant/backends.CpuFastLogitsHead: every token whose
+The argmax stays the fp32 head's, as in edgellm/quant/linear_kernels/cpu_fast_head.CpuFastLogitsHead: every token whose
 approximate logit is within twice the error bound of the row's maximum is recomputed in fp32.
 The bound: the dot product's error sum_k x_k e_k + d_k w_k (e: the weight's int8 rounding, known
 at load; d = x - dequantized int8 x, known per step) is a sum of K terms of mixed sign with
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from edgellm.quant.backends import CpuFastLogitsHead
+from edgellm.quant.linear_kernels.cpu_fast_head import CpuFastLogitsHead
 
 _NO_MASK = torch.empty(0, dtype=torch.int32)
 
