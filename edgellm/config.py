@@ -29,7 +29,7 @@ _DTYPES = {
 
 
 def parse_dtype(value: str | torch.dtype | None, device: torch.device | str = "cpu") -> torch.dtype:
-    """'auto' is float32 on CPU (bf16 matmuls are ~100x slower there) and bfloat16 on CUDA."""
+    """'auto' is float32 on CPU (CPUs without bf16 units emulate bf16 matmuls) and bfloat16 on CUDA."""
     if isinstance(value, torch.dtype):
         if value not in _DTYPES.values():
             raise ValueError(f"unsupported dtype {value}; use float32, float16 or bfloat16")

@@ -64,7 +64,7 @@ class CpuIsa:
     @property
     def bf16_units(self) -> bool:
         """bf16 matmuls at a useful speed (AMX, or the AVX512-BF16 dot); without them a bf16
-        matmul is emulated and ~100x slower than fp32."""
+        matmul is emulated, far slower than fp32."""
         return self.level == "amx" or (self.level == "avx512" and self.features.has("avx512_bf16"))
 
     def compile_flags(self) -> list[str]:

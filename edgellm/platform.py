@@ -12,7 +12,7 @@ CPU modes for quantized linears:
   (fp32, or bf16 where the CPU has bf16 units) measured faster for this model at load.
 - "exact": every weight dequantized once, fp32 matmuls: the same logits as transformers.
 - "fast": torch's int4 GEMV with bf16 activations and bf16 matmuls beyond; built for CPUs with
-  bf16 units (AMX, AVX512-BF16), ~100x slower than fp32 elsewhere.
+  bf16 units (AMX, AVX512-BF16); elsewhere bf16 is emulated, far slower than fp32.
 """
 
 from __future__ import annotations

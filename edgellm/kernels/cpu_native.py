@@ -15,8 +15,7 @@ head of the item over the tile while it is in L1 and the next tile prefetched
 transpose-and-add tree, and the V accumulators stay in registers over the tile.
 Scalar loops otherwise. Summation order is the same either way. Built with
 -fopenmp so at::parallel_for really runs on torch's threads (it is inline
-OpenMP; without the flag it is a serial loop); 8 sequences x 600 tokens,
-SmolLM2's 3 kv heads: 0.95 -> 0.34 ms per layer. Same cache layout as
+OpenMP; without the flag it is a serial loop). Same cache layout as
 everywhere: kv_cache [2, num_blocks, block_size, num_kv_heads, head_dim], fp32.
 
 decode_layers: a decode-only step (one token per sequence) through every
@@ -25,8 +24,7 @@ decoder layer in one call: RMSNorm, the qkv / o / gate_up / down matmuls
 layer's bf16 or fp32 dense matrix; the same ATen ops the Python path calls),
 rotary (neox halves), the K/V write, the attention above, SiLU-and-mul and
 both residual adds. What it removes is the per-op Python and dispatcher cost
-of ~40 small ops per layer, which at batch 1 on SmolLM2-135M was half of a
-decode step. The Python model (models/decoder.FusedDecode) decides when it
+of ~40 small ops per layer, which dominates a small model's decode step at low batch. The Python model (models/decoder.FusedDecode) decides when it
 applies and falls back to the layer-by-layer path otherwise.
 
 The C++ lives in edgellm/kernels/csrc/cpu/: vec.h (the vector helpers the kernels
@@ -37,8 +35,8 @@ qgemm_amx.cpp for the integer-dot matmuls (row layout on AVX2, the 16-row
 interleaved layout on AVX-512 VNNI and AMX tiles), logits_head.cpp for the int8
 logits head; small headers for what one needs from another) and bindings.cpp (the
 Python module), built once per ISA level (edgellm/cpu_isa.py). It is compiled on first use with
-torch.utils.cpp_extension.load (g++, ninja and torch's headers; ~1 min once on
-two cores, cached under $EDGELLM_CACHE/torch_extensions, keyed by every source
+torch.utils.cpp_extension.load (g++, ninja and torch's headers; once per machine,
+cached under $EDGELLM_CACHE/torch_extensions, keyed by every source
 and header, the flags, this CPU's flags since it is built for the host ISA,
 and the torch version). When the build fails or is disabled
 (EDGELLM_CPU_NATIVE=torch) the torch paths run instead, with one warning that
