@@ -20,7 +20,7 @@ class TritonAttention(AttentionBackend):
     def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: torch.Tensor,
                meta: AttentionMetadata, scale: float, sliding_window: int | None, k_scale: float,
                v_scale: float) -> torch.Tensor:
-        from edgellm.kernels.paged_attention import paged_attention_triton
+        from edgellm.kernels.paged_attention_triton import paged_attention_triton
 
         return paged_attention_triton(
             query, key, value, cache, meta.block_tables, meta.seq_lens_tensor, meta.query_start_loc_tensor,

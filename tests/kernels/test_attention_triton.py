@@ -13,6 +13,7 @@ import torch
 
 from edgellm.kernels import kv_cache as kv_mod
 from edgellm.kernels import paged_attention as pa_mod
+from edgellm.kernels.paged_attention_triton import paged_attention_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -82,7 +83,7 @@ def _make_batch(
 
 
 def _run_triton(b: dict, sliding_window: int | None = None, **kwargs) -> torch.Tensor:
-    return pa_mod.paged_attention_triton(
+    return paged_attention_triton(
         b["query"], b["key"], b["value"], b["kv_cache"], b["block_tables"],
         torch.tensor(b["seq_lens"], dtype=b.get("index_dtype", torch.int32), device=DEVICE),
         torch.tensor(b["query_start_loc"], dtype=b.get("index_dtype", torch.int32), device=DEVICE),
@@ -204,7 +205,7 @@ def test_fp8_cache_decodes_every_code_exactly():
     block_tables = torch.arange(num_seqs, dtype=torch.int32, device=DEVICE)[:, None]
     ones = torch.ones(num_seqs, dtype=torch.int32, device=DEVICE)
     qsl = torch.arange(num_seqs + 1, dtype=torch.int32, device=DEVICE)
-    out = pa_mod.paged_attention_triton(
+    out = paged_attention_triton(
         query, query, query, kv_cache, block_tables, ones, qsl, num_seqs, 0.1, v_scale=v_scale
     )
     expected = kv_cache[1, :, 0, 0, :].float() * v_scale
