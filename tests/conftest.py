@@ -6,6 +6,7 @@ Triton's interpreter only works when TRITON_INTERPRET=1 is set before triton is 
 so no test may depend on which module happens to import the kernels first. The session fixture
 `triton_device` is what kernel tests use: the device Triton kernels run on here ("cuda", or "cpu"
 under the interpreter); it fails, never skips, when the interpreter is not active on a CPU host.
+Every test starts from the same global RNG state (`_seeded_rng`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,15 @@ def pytest_configure(config: pytest.Config) -> None:
     import torch
 
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(autouse=True)
+def _seeded_rng():
+    """Every test starts from the same global RNG state, so what a test draws from torch's
+    global generator does not depend on which tests ran before it."""
+    import torch
+
+    torch.manual_seed(0)
 
 
 @pytest.fixture(scope="session")

@@ -60,8 +60,9 @@ class ServerProcess:
             except httpx.HTTPError:
                 pass
             time.sleep(0.3)
+        log = self.log_text()  # before stop() closes the log
         self.stop()
-        raise RuntimeError(f"server not ready after {timeout}s:\n{self.log_text()}")
+        raise RuntimeError(f"server not ready after {timeout}s:\n{log}")
 
     def log_text(self, tail: int = 6000) -> str:
         self.log.flush()
