@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.edgellm-installed
 
-.PHONY: install test test-slow serve chat bench clean
+.PHONY: install lint test test-slow serve chat bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -17,6 +17,12 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The package's lint: ruff's rules and format (pinned in the dev extra), mypy on the engine and server.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check edgellm
+	$(VENV)/bin/ruff format --check edgellm
+	$(VENV)/bin/mypy
 
 test: $(STAMP)
 	$(PY) -m pytest -q
