@@ -35,4 +35,6 @@ class ForwardBatch:
     positions: torch.Tensor  # [T] int64
     attn: AttentionMetadata
     logits_indices: torch.Tensor  # [N] rows of the hidden states to project to logits
-    seq_total_lens: torch.Tensor | None = None  # [T] tokens known to each token's sequence (longrope)
+    seq_total_lens: torch.Tensor | None = (
+        None  # [T] tokens known to each token's sequence (longrope)
+    )

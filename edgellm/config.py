@@ -29,7 +29,8 @@ _DTYPES = {
 
 
 def parse_dtype(value: str | torch.dtype | None, device: torch.device | str = "cpu") -> torch.dtype:
-    """'auto' is float32 on CPU (CPUs without bf16 units emulate bf16 matmuls) and bfloat16 on CUDA."""
+    """'auto' is float32 on CPU (CPUs without bf16 units emulate bf16 matmuls) and bfloat16 on
+    CUDA."""
     if isinstance(value, torch.dtype):
         if value not in _DTYPES.values():
             raise ValueError(f"unsupported dtype {value}; use float32, float16 or bfloat16")
@@ -76,7 +77,9 @@ class ModelConfig:
     # and after each), "post" (EXAONE 4: after each, on the branch output)
     norm_layout: str = "pre"
     norm_weight_offset: float = 0.0  # Gemma: the norms scale by (offset + weight)
-    qk_norm: bool = False  # Qwen3, Gemma 3, EXAONE 4: an RMSNorm over each q and k head before rotary
+    qk_norm: bool = (
+        False  # Qwen3, Gemma 3, EXAONE 4: an RMSNorm over each q and k head before rotary
+    )
     embed_scale: float | None = None  # Gemma: embeddings multiplied by sqrt(hidden)
     attn_scale: float | None = None  # None: head_dim ** -0.5 (Gemma: query_pre_attn_scalar ** -0.5)
     local_rope_theta: float | None = None  # Gemma 3: the sliding layers' own (unscaled) rotary base
@@ -87,20 +90,33 @@ class ModelConfig:
     checkpoint_dtype: torch.dtype = torch.float32
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
-                     "num_heads", "num_kv_heads", "head_dim"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+        ):
             if int(getattr(self, name)) <= 0:
-                raise ValueError(f"model config: {name} must be positive, got {getattr(self, name)}")
+                raise ValueError(
+                    f"model config: {name} must be positive, got {getattr(self, name)}"
+                )
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"model config: num_attention_heads ({self.num_heads}) is not a multiple of "
                 f"num_key_value_heads ({self.num_kv_heads})"
             )
         if self.hidden_act not in ACTIVATIONS:
-            raise ValueError(f"model config: activation {self.hidden_act!r} is not supported; "
-                             f"supported: {ACTIVATIONS}")
+            raise ValueError(
+                f"model config: activation {self.hidden_act!r} is not supported; "
+                f"supported: {ACTIVATIONS}"
+            )
         if self.norm_layout not in NORM_LAYOUTS:
-            raise ValueError(f"model config: norm layout {self.norm_layout!r}; known: {NORM_LAYOUTS}")
+            raise ValueError(
+                f"model config: norm layout {self.norm_layout!r}; known: {NORM_LAYOUTS}"
+            )
         if not self.sliding_windows:
             self.sliding_windows = [None] * self.num_layers
         if len(self.sliding_windows) != self.num_layers:
@@ -136,11 +152,15 @@ class EngineConfig:
     seed: int = 0
     tokenizer: str | None = None  # a directory with tokenizer files; default: the model's own
     chat_template: str | None = None  # a Jinja template string or path overriding the model's
-    architecture: str | None = None  # override the checkpoint's architecture (models.arch name or HF class)
+    architecture: str | None = (
+        None  # override the checkpoint's architecture (models.arch name or HF class)
+    )
     # quantized linears on CPU: "auto", "exact" or "fast" (edgellm/platform.py); None:
     # $EDGELLM_CPU_QUANT, else auto
     cpu_quant: str | None = None
-    cpu_isa: str | None = None  # cap the CPU kernels' ISA level (avx2 | avx512 | amx); None: $EDGELLM_CPU_ISA
+    cpu_isa: str | None = (
+        None  # cap the CPU kernels' ISA level (avx2 | avx512 | amx); None: $EDGELLM_CPU_ISA
+    )
     # "fcfs" or "priority" (requests' priority field: lower runs sooner; engine/request_queue.py)
     scheduling_policy: str = "fcfs"
     kv_events: KVEventsConfig | None = None  # --kv-events-config: publish KV-cache events (vLLM's)
@@ -151,11 +171,15 @@ class EngineConfig:
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+            raise ValueError(
+                f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
+            )
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
-            raise ValueError(f"kv_cache_memory must be a positive number of bytes, got {self.kv_cache_memory}")
+            raise ValueError(
+                f"kv_cache_memory must be a positive number of bytes, got {self.kv_cache_memory}"
+            )
         if not 0.0 < self.kv_cache_memory_fraction <= 0.95:
             raise ValueError("kv_cache_memory_fraction must be in (0, 0.95]")
         if self.kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3"):
@@ -165,5 +189,7 @@ class EngineConfig:
         if self.cpu_isa is not None and self.cpu_isa not in ("avx2", "avx512", "amx"):
             raise ValueError(f"cpu_isa must be avx2, avx512 or amx, got {self.cpu_isa!r}")
         if self.scheduling_policy not in ("fcfs", "priority"):
-            raise ValueError(f"scheduling_policy must be fcfs or priority, got {self.scheduling_policy!r}")
+            raise ValueError(
+                f"scheduling_policy must be fcfs or priority, got {self.scheduling_policy!r}"
+            )
         self.torch_dtype = parse_dtype(self.dtype, self.device)

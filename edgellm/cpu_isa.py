@@ -85,7 +85,11 @@ class CpuIsa:
 
     def describe(self) -> str:
         extras = [name for name, on in (("vnni", self.vnni), ("bf16 units", self.bf16_units)) if on]
-        capped = "" if self.level == self.features.host_level else f" (capped from {self.features.host_level})"
+        capped = (
+            ""
+            if self.level == self.features.host_level
+            else f" (capped from {self.features.host_level})"
+        )
         return f"{self.level}{capped}" + (f" + {', '.join(extras)}" if extras else "")
 
 
@@ -140,7 +144,8 @@ def select(requested: str | None = None, features: CpuFeatures | None = None) ->
         raise ValueError(f"{env.CPU_ISA}={name!r}: choose one of {', '.join(LEVELS[1:])}")
     if LEVELS.index(name) > LEVELS.index(host):
         raise ValueError(
-            f"{env.CPU_ISA}={name}: this CPU ({features.model or 'unknown'}) supports up to {host}; "
+            f"{env.CPU_ISA}={name}: this CPU ({features.model or 'unknown'}) supports up to "
+            f"{host}; "
             f"choose one of {', '.join(LEVELS[: LEVELS.index(host) + 1][1:]) or 'none'}"
         )
     return CpuIsa(name, features)

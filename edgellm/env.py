@@ -18,7 +18,9 @@ CPU_DENSE_CACHE_MB = "EDGELLM_CPU_DENSE_CACHE_MB"  # budget of dense weight copi
 CACHE = "EDGELLM_CACHE"  # build and conversion cache directory
 API_KEY = "EDGELLM_API_KEY"  # the server's API key when --api-key is not given
 LLAMA_SERVER = "EDGELLM_LLAMA_SERVER"  # the llama-server binary the benchmarks compare with
-TRITON_ON_CPU = "EDGELLM_TRITON_ON_CPU"  # 1 (with TRITON_INTERPRET=1): Triton kernels on CPU tensors
+TRITON_ON_CPU = (
+    "EDGELLM_TRITON_ON_CPU"  # 1 (with TRITON_INTERPRET=1): Triton kernels on CPU tensors
+)
 
 
 def _get(name: str) -> str | None:

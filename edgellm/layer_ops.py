@@ -33,8 +33,9 @@ class LayerOps:
     bf16_mlp: bool = False  # MLPs may keep a bf16 intermediate (MLP._bf16_step decides per step)
 
     @classmethod
-    def for_load(cls, platform: Platform, device: torch.device | str, dtype: torch.dtype,
-                 quantized: bool) -> LayerOps:
+    def for_load(
+        cls, platform: Platform, device: torch.device | str, dtype: torch.dtype, quantized: bool
+    ) -> LayerOps:
         device = torch.device(device)
         if device.type == "cuda":
             from edgellm.attention.triton import TritonAttention

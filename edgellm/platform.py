@@ -53,12 +53,17 @@ class Platform:
     def __post_init__(self) -> None:
         self.cpu_quant = resolve_cpu_quant(self.cpu_quant)
         if self.cpu_quant == "auto" and self.isa.level == "none":
-            logger.warning("this CPU has no AVX2 (%s): quantized linears run the exact torch path",
-                           self.isa.features.model or "unknown CPU")
+            logger.warning(
+                "this CPU has no AVX2 (%s): quantized linears run the exact torch path",
+                self.isa.features.model or "unknown CPU",
+            )
             self.cpu_quant = "exact"
         if self.cpu_quant == "fast" and not self.isa.bf16_units:
-            logger.warning("--cpu-quant fast runs bf16 matmuls, and this CPU (%s) has no bf16 units: "
-                           "expect it to be slow; auto is the fast mode here", self.isa.describe())
+            logger.warning(
+                "--cpu-quant fast runs bf16 matmuls, and this CPU (%s) has no bf16 units: "
+                "expect it to be slow; auto is the fast mode here",
+                self.isa.describe(),
+            )
 
     @classmethod
     def create(cls, cpu_quant: str | None = None, cpu_isa: str | None = None) -> Platform:

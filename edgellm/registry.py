@@ -8,7 +8,8 @@
         kv_cache_dtype: auto            # auto | fp8
         max_model_len: 4096
         chat_template: template.jinja   # a file, or an inline Jinja string
-        tool_parser: hermes             # tool-call format: hermes | llama3_json | mistral | pythonic
+        tool_parser: hermes             # tool-call format: hermes | llama3_json | mistral |
+        pythonic
                                         # (default: from the chat template, else hermes)
         warm_prompts:                   # system prompts prefilled at start-up (prefix cache)
           - "You are a friendly voice assistant."
@@ -32,8 +33,17 @@ DEFAULT_SOURCE = "default"
 DEFAULT_SERVED_NAME = "smollm2-135m-instruct"
 QUANTIZATIONS = ("auto", "none", "awq", "gptq", "int8", "fp8", "gguf", "compressed-tensors")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
-_KEYS = ("source", "architecture", "quantization", "kv_cache_dtype", "max_model_len",
-         "chat_template", "tool_parser", "warm_prompts", "description")
+_KEYS = (
+    "source",
+    "architecture",
+    "quantization",
+    "kv_cache_dtype",
+    "max_model_len",
+    "chat_template",
+    "tool_parser",
+    "warm_prompts",
+    "description",
+)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
 
 
@@ -63,9 +73,14 @@ class ModelSpec:
         """Raise RegistryError if a file this spec names does not exist."""
         if self.source != DEFAULT_SOURCE and not Path(self.source).exists():
             raise RegistryError(f"model {self.name!r}: source not found: {self.source}")
-        if self.chat_template and _looks_like_path(self.chat_template) \
-                and not Path(self.chat_template).is_file():
-            raise RegistryError(f"model {self.name!r}: chat_template file not found: {self.chat_template}")
+        if (
+            self.chat_template
+            and _looks_like_path(self.chat_template)
+            and not Path(self.chat_template).is_file()
+        ):
+            raise RegistryError(
+                f"model {self.name!r}: chat_template file not found: {self.chat_template}"
+            )
 
     def check_quantization(self) -> str:
         """The checkpoint's own quantization; raises if the spec asks for a different one."""
@@ -114,13 +129,18 @@ def parse_entry(name: Any, entry: Any, base: Path, where: str = "models.yaml") -
 
     def typed(key: str, kind: type, default: Any = None) -> Any:
         value = entry.get(key, default)
-        if value is not None and (not isinstance(value, kind) or isinstance(value, bool) and kind is int):
-            want = {int: "an integer", str: "a string", list: "a list"}.get(kind, str(kind))  # type: ignore[call-overload]
+        if value is not None and (
+            not isinstance(value, kind) or isinstance(value, bool) and kind is int
+        ):
+            # type: ignore[call-overload]
+            want = {int: "an integer", str: "a string", list: "a list"}.get(kind, str(kind))
             raise RegistryError(f"{ctx}: {key} must be {want}, got {value!r}")
         return value
 
     if "source" not in entry:
-        raise RegistryError(f"{ctx}: missing key 'source' (an HF directory, a .gguf file, or 'default')")
+        raise RegistryError(
+            f"{ctx}: missing key 'source' (an HF directory, a .gguf file, or 'default')"
+        )
     source = typed("source", str)
     if not source:
         raise RegistryError(f"{ctx}: source is empty")
@@ -132,10 +152,14 @@ def parse_entry(name: Any, entry: Any, base: Path, where: str = "models.yaml") -
 
         known = set(ARCHITECTURES) | {c for a in ARCHITECTURES.values() for c in a.hf_classes}
         if architecture not in known:
-            raise RegistryError(f"{ctx}: unknown architecture {architecture!r} (known: {sorted(ARCHITECTURES)})")
+            raise RegistryError(
+                f"{ctx}: unknown architecture {architecture!r} (known: {sorted(ARCHITECTURES)})"
+            )
     quantization = str(typed("quantization", str, "auto")).lower()
     if quantization not in QUANTIZATIONS:
-        raise RegistryError(f"{ctx}: quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
+        raise RegistryError(
+            f"{ctx}: quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}"
+        )
     kv = typed("kv_cache_dtype", str, "auto")
     if kv not in KV_CACHE_DTYPES:
         raise RegistryError(f"{ctx}: kv_cache_dtype must be auto or fp8, got {kv!r}")
@@ -156,9 +180,18 @@ def parse_entry(name: Any, entry: Any, base: Path, where: str = "models.yaml") -
     warm = typed("warm_prompts", list, [])
     if any(not isinstance(p, str) or not p.strip() for p in warm):
         raise RegistryError(f"{ctx}: warm_prompts must be a list of non-empty strings")
-    return ModelSpec(name=name, source=source, architecture=architecture, quantization=quantization,
-                     kv_cache_dtype=kv, max_model_len=max_len, chat_template=template, tool_parser=tool_parser,
-                     warm_prompts=list(warm), description=str(typed("description", str, "") or ""))
+    return ModelSpec(
+        name=name,
+        source=source,
+        architecture=architecture,
+        quantization=quantization,
+        kv_cache_dtype=kv,
+        max_model_len=max_len,
+        chat_template=template,
+        tool_parser=tool_parser,
+        warm_prompts=list(warm),
+        description=str(typed("description", str, "") or ""),
+    )
 
 
 def load_registry(path: str | Path, check_files: bool = True) -> dict[str, ModelSpec]:
@@ -200,5 +233,7 @@ def spec_for_path(model: str, name: str | None = None) -> ModelSpec:
     """An ad-hoc spec for --model PATH (no registry entry)."""
     p = Path(model).expanduser()
     if not p.exists():
-        raise RegistryError(f"--model {model!r} is neither a served name in the registry nor an existing path")
+        raise RegistryError(
+            f"--model {model!r} is neither a served name in the registry nor an existing path"
+        )
     return ModelSpec(name=name or (p.stem if p.is_file() else p.name), source=str(p.resolve()))

@@ -64,12 +64,22 @@ class SamplingParams:
 
         if not isinstance(self.n, int) or self.n < 1:
             bad(f"n must be an integer >= 1, got {self.n!r}")
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
+        if self.max_tokens is not None and (
+            not isinstance(self.max_tokens, int) or self.max_tokens < 1
+        ):
             bad(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if self.min_tokens < 0 or (self.max_tokens is not None and self.min_tokens > self.max_tokens):
+        if self.min_tokens < 0 or (
+            self.max_tokens is not None and self.min_tokens > self.max_tokens
+        ):
             bad(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
-        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
-                     "repetition_penalty"):
+        for name in (
+            "temperature",
+            "top_p",
+            "min_p",
+            "presence_penalty",
+            "frequency_penalty",
+            "repetition_penalty",
+        ):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value):
                 bad(f"{name} must be a finite number, got {value!r}")
@@ -87,11 +97,15 @@ class SamplingParams:
             bad(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
         if not 0.0 < self.repetition_penalty <= 2.0:
             bad(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
-        if self.seed is not None and (not isinstance(self.seed, int) or not _SEED_MIN <= self.seed <= _SEED_MAX):
+        if self.seed is not None and (
+            not isinstance(self.seed, int) or not _SEED_MIN <= self.seed <= _SEED_MAX
+        ):
             bad(f"seed must be an integer in [{_SEED_MIN}, {_SEED_MAX}], got {self.seed!r}")
         if self.logprobs is not None and not 0 <= self.logprobs <= _MAX_LOGPROBS:
             bad(f"logprobs must be in [0, {_MAX_LOGPROBS}], got {self.logprobs}")
-        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputs):
+        if self.structured_outputs is not None and not isinstance(
+            self.structured_outputs, StructuredOutputs
+        ):
             bad("structured_outputs must be a StructuredOutputs")
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if any(not isinstance(s, str) or not s for s in stops):
@@ -106,22 +120,36 @@ class SamplingParams:
     @property
     def argmax_only(self) -> bool:
         """Only the highest logit matters (greedy, no penalties, no logprobs): a logits head that is
-        exact on its candidates for the maximum only (edgellm/quant/backends.CpuFastLogitsHead) gives the same token."""
-        return (self.greedy and self.logprobs is None and self.structured_outputs is None
-                and self.presence_penalty == 0.0
-                and self.frequency_penalty == 0.0 and self.repetition_penalty == 1.0)
+        exact on its candidates for the maximum only (edgellm/quant/backends.CpuFastLogitsHead)
+        gives the same token."""
+        return (
+            self.greedy
+            and self.logprobs is None
+            and self.structured_outputs is None
+            and self.presence_penalty == 0.0
+            and self.frequency_penalty == 0.0
+            and self.repetition_penalty == 1.0
+        )
 
     @property
     def argmax_under_grammar(self) -> bool:
         """A structured-output row whose masked argmax is all that matters (as argmax_only, and no
         min_tokens, whose EOS ban could move the argmax off the head's exact window)."""
-        return (self.structured_outputs is not None and self.greedy and self.logprobs is None
-                and self.min_tokens == 0 and not self.has_penalties)
+        return (
+            self.structured_outputs is not None
+            and self.greedy
+            and self.logprobs is None
+            and self.min_tokens == 0
+            and not self.has_penalties
+        )
 
     @property
     def has_penalties(self) -> bool:
-        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-                or self.repetition_penalty != 1.0)
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+        )
 
 
 class GrammarMasks(Protocol):
@@ -147,7 +175,6 @@ class Matcher(Protocol):
     def fill(self, bitmask: torch.Tensor, row: int) -> None: ...
 
 
-
 @dataclass
 class SampleResult:
     token_ids: list[int]
@@ -162,10 +189,14 @@ def apply_penalties(logits: torch.Tensor, row: SamplingRow) -> torch.Tensor:
     out = torch.tensor(list(row.output_token_ids), dtype=torch.long)
     out = out[(out >= 0) & (out < vocab)]
     if p.repetition_penalty != 1.0:
-        seen = torch.tensor(list(row.prompt_token_ids) + list(row.output_token_ids), dtype=torch.long)
+        seen = torch.tensor(
+            list(row.prompt_token_ids) + list(row.output_token_ids), dtype=torch.long
+        )
         seen = torch.unique(seen[(seen >= 0) & (seen < vocab)])
         vals = logits[seen]
-        logits[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+        logits[seen] = torch.where(
+            vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty
+        )
     if p.frequency_penalty or p.presence_penalty:
         counts = torch.bincount(out, minlength=vocab).to(logits.dtype)
         logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
@@ -183,7 +214,9 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) 
         before = probs.cumsum(-1) - probs  # probability mass strictly above each token
         remove = before >= top_p
         remove[0] = False
-        logits = logits.masked_fill(torch.zeros_like(remove).scatter(0, order, remove), float("-inf"))
+        logits = logits.masked_fill(
+            torch.zeros_like(remove).scatter(0, order, remove), float("-inf")
+        )
     if min_p > 0.0:
         probs = logits.softmax(-1)
         logits = logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
@@ -194,27 +227,39 @@ class Sampler:
     def __init__(self, grammar: GrammarMasks | None = None) -> None:
         self.grammar = grammar  # how structured-output rows get their masks (None: no such rows)
 
-    def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow],
-                 premasked: Sequence[bool] | None = None) -> SampleResult:
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        rows: Sequence[SamplingRow],
+        premasked: Sequence[bool] | None = None,
+    ) -> SampleResult:
         """logits float32 [B, V] -> one token per row. premasked: per row, whether its logits
         already carry its grammar's mask (a logits head that masks itself); those are not masked
         again."""
         raw = logits
         constrained = [i for i, r in enumerate(rows) if getattr(r, "grammar", None) is not None]
         to_mask = [i for i in constrained if not (premasked and premasked[i])]
-        need_copy = bool(to_mask) or any(r.params.has_penalties or r.params.min_tokens for r in rows)
+        need_copy = bool(to_mask) or any(
+            r.params.has_penalties or r.params.min_tokens for r in rows
+        )
         work = logits.clone() if need_copy else logits
         if to_mask:
             if self.grammar is None:
-                raise RuntimeError("a structured-output row reached a sampler without grammar masks")
-            self.grammar.mask(work, [rows[i].grammar for i in to_mask], to_mask)  # type: ignore[misc]
+                raise RuntimeError(
+                    "a structured-output row reached a sampler without grammar masks"
+                )
+            # type: ignore[misc]
+            self.grammar.mask(work, [rows[i].grammar for i in to_mask], to_mask)
         for i, row in enumerate(rows):
             p = row.params
             if p.has_penalties:
                 apply_penalties(work[i], row)
             if p.min_tokens and len(row.output_token_ids) < p.min_tokens:
-                banned = [t for t in list(row.eos_token_ids) + list(p.stop_token_ids or [])
-                          if 0 <= t < work.shape[1]]
+                banned = [
+                    t
+                    for t in list(row.eos_token_ids) + list(p.stop_token_ids or [])
+                    if 0 <= t < work.shape[1]
+                ]
                 if banned:
                     kept = work[i, banned].clone()
                     work[i, banned] = float("-inf")

@@ -45,7 +45,9 @@ def _load_hf(path: Path, gguf_file: str | None = None) -> Any:
 
 def _gguf_tokenizer(gguf_path: Path) -> Any:
     st = gguf_path.stat()
-    key = hashlib.sha256(f"{gguf_path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        f"{gguf_path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()
+    ).hexdigest()[:16]
     cached = env.cache_dir() / "tokenizers" / key
     if (cached / "tokenizer.json").is_file():
         try:
@@ -63,7 +65,8 @@ def _gguf_tokenizer(gguf_path: Path) -> Any:
 
 
 def _is_file(value: str) -> bool:
-    """A chat template argument is a path or the template itself (which may be too long for a path)."""
+    """A chat template argument is a path or the template itself (which may be too long for a
+    path)."""
     if "\n" in value or "{" in value:
         return False
     try:
@@ -82,10 +85,17 @@ class Tokenizer:
         self.vocab_size = len(hf)
 
     @classmethod
-    def load(cls, source: Path, kind: str, chat_template: str | None = None,
-             fallback_template: str | None = None) -> Tokenizer | None:
-        """The checkpoint's tokenizer, or None when the directory carries none (token-id prompts only).
-        `chat_template` overrides the model's; `fallback_template` is used only where it has none."""
+    def load(
+        cls,
+        source: Path,
+        kind: str,
+        chat_template: str | None = None,
+        fallback_template: str | None = None,
+    ) -> Tokenizer | None:
+        """The checkpoint's tokenizer, or None when the directory carries none (token-id prompts
+        only).
+        `chat_template` overrides the model's; `fallback_template` is used only where it has
+        none."""
         if chat_template and _is_file(chat_template):
             chat_template = Path(chat_template).read_text()
         if kind == "gguf":
@@ -94,8 +104,10 @@ class Tokenizer:
                 logger.info("%s carries no chat template; using its architecture's own", source)
                 chat_template = fallback_template
             return cls(hf, chat_template)
-        has_files = any((source / f).is_file() for f in
-                        ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json"))
+        has_files = any(
+            (source / f).is_file()
+            for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+        )
         if not has_files:
             logger.info("%s has no tokenizer; prompts must be token ids", source)
             return None
@@ -115,21 +127,26 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                    **kwargs: Any) -> str:
+    def render_chat(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
+    ) -> str:
         if not self.hf.chat_template:
             raise TokenizerError("this model has no chat template; use a plain prompt or give one")
         return self.hf.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
         )
 
-    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                    **kwargs: Any) -> list[int]:
+    def encode_chat(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
+    ) -> list[int]:
         # The template writes the special tokens itself (BOS included where the model wants it).
-        return self.encode(self.render_chat(messages, add_generation_prompt, **kwargs),
-                           add_special_tokens=False)
+        return self.encode(
+            self.render_chat(messages, add_generation_prompt, **kwargs), add_special_tokens=False
+        )
 
-    def detokenizer(self, prompt_ids: Sequence[int], skip_special_tokens: bool = True) -> IncrementalDetokenizer:
+    def detokenizer(
+        self, prompt_ids: Sequence[int], skip_special_tokens: bool = True
+    ) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self, prompt_ids, skip_special_tokens)
 
 
@@ -144,7 +161,9 @@ class IncrementalDetokenizer:
     leading-space rules (sentencepiece) see the right context.
     """
 
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int], skip_special_tokens: bool) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, prompt_ids: Sequence[int], skip_special_tokens: bool
+    ) -> None:
         self.tok = tokenizer
         self.skip = skip_special_tokens
         self.ids: list[int] = list(prompt_ids[-6:])
@@ -156,10 +175,10 @@ class IncrementalDetokenizer:
 
     def step(self, token_id: int) -> str:
         self.ids.append(token_id)
-        prefix_text = self._decode(self.ids[self.prefix_offset:self.read_offset])
-        new_text = self._decode(self.ids[self.prefix_offset:])
+        prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        new_text = self._decode(self.ids[self.prefix_offset :])
         if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
-            delta = new_text[len(prefix_text):]
+            delta = new_text[len(prefix_text) :]
             self.prefix_offset = self.read_offset
             self.read_offset = len(self.ids)
             # keep the window small
@@ -168,8 +187,8 @@ class IncrementalDetokenizer:
 
     def flush(self) -> str:
         """At the end of generation: whatever is still held back (possibly a replacement char)."""
-        prefix_text = self._decode(self.ids[self.prefix_offset:self.read_offset])
-        new_text = self._decode(self.ids[self.prefix_offset:])
+        prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        new_text = self._decode(self.ids[self.prefix_offset :])
         self.read_offset = len(self.ids)
         self.prefix_offset = self.read_offset
-        return new_text[len(prefix_text):] if len(new_text) > len(prefix_text) else ""
+        return new_text[len(prefix_text) :] if len(new_text) > len(prefix_text) else ""

@@ -33,52 +33,149 @@ class CpuAttention(AttentionBackend):
         self.native = native
         self.prefill_dtype = prefill_dtype
 
-    def write_kv(self, key: torch.Tensor, value: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata,
-                 k_scale: float, v_scale: float) -> None:
+    def write_kv(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        cache: torch.Tensor,
+        meta: AttentionMetadata,
+        k_scale: float,
+        v_scale: float,
+    ) -> None:
         write_kv_ref(key, value, cache, meta.slot_mapping, k_scale, v_scale)
 
-    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: torch.Tensor,
-               meta: AttentionMetadata, scale: float, sliding_window: int | None, k_scale: float,
-               v_scale: float) -> torch.Tensor:
-        return self.paged(query, key, value, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                          meta.num_decodes, scale, sliding_window, k_scale, v_scale, meta.step_cache)
+    def attend(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        sliding_window: int | None,
+        k_scale: float,
+        v_scale: float,
+    ) -> torch.Tensor:
+        return self.paged(
+            query,
+            key,
+            value,
+            cache,
+            meta.block_tables,
+            meta.seq_lens,
+            meta.query_start_loc,
+            meta.num_decodes,
+            scale,
+            sliding_window,
+            k_scale,
+            v_scale,
+            meta.step_cache,
+        )
 
-    def paged(self, query, key, value, kv_cache, block_tables, seq_lens, query_start_loc, num_decodes, scale,
-              sliding_window=None, k_scale=1.0, v_scale=1.0, step_cache=None) -> torch.Tensor:
+    def paged(
+        self,
+        query,
+        key,
+        value,
+        kv_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        num_decodes,
+        scale,
+        sliding_window=None,
+        k_scale=1.0,
+        v_scale=1.0,
+        step_cache=None,
+    ) -> torch.Tensor:
         """attend() with paged_attention_ref's arguments."""
         out = torch.empty_like(query)
         if num_decodes:
-            if self.native is not None and query.dtype == kv_cache.dtype == torch.float32 and kv_cache.is_contiguous():
+            if (
+                self.native is not None
+                and query.dtype == kv_cache.dtype == torch.float32
+                and kv_cache.is_contiguous()
+            ):
                 plan = step_cache.get("cpp_decode") if step_cache is not None else None
                 if plan is None:
                     plan = decode_tables(block_tables, seq_lens, num_decodes)
                     if step_cache is not None:
                         step_cache["cpp_decode"] = plan
-                out[:num_decodes] = self.native.decode_attention(query[:num_decodes].contiguous(), kv_cache, *plan,
-                                                                 float(scale), int(sliding_window or 0))
+                out[:num_decodes] = self.native.decode_attention(
+                    query[:num_decodes].contiguous(),
+                    kv_cache,
+                    *plan,
+                    float(scale),
+                    int(sliding_window or 0),
+                )
             else:
-                out[:num_decodes] = decode_rows_ref(query, kv_cache, block_tables, seq_lens, num_decodes, scale,
-                                                    sliding_window, k_scale, v_scale, step_cache)
+                out[:num_decodes] = decode_rows_ref(
+                    query,
+                    kv_cache,
+                    block_tables,
+                    seq_lens,
+                    num_decodes,
+                    scale,
+                    sliding_window,
+                    k_scale,
+                    v_scale,
+                    step_cache,
+                )
         if num_decodes == len(seq_lens):
             return out
         first = num_decodes
         if self.prefill_dtype is not None and sliding_window is None:
-            first = cascade_prefill(query, key, value, kv_cache, block_tables.long(), seq_lens, query_start_loc,
-                                    num_decodes, scale, k_scale, v_scale, self.prefill_dtype, step_cache, out)
-        prefill_rows_ref(query, key, value, kv_cache, block_tables, seq_lens, query_start_loc, first, scale,
-                         sliding_window, k_scale, v_scale, self.prefill_dtype or query.dtype, out)
+            first = cascade_prefill(
+                query,
+                key,
+                value,
+                kv_cache,
+                block_tables.long(),
+                seq_lens,
+                query_start_loc,
+                num_decodes,
+                scale,
+                k_scale,
+                v_scale,
+                self.prefill_dtype,
+                step_cache,
+                out,
+            )
+        prefill_rows_ref(
+            query,
+            key,
+            value,
+            kv_cache,
+            block_tables,
+            seq_lens,
+            query_start_loc,
+            first,
+            scale,
+            sliding_window,
+            k_scale,
+            v_scale,
+            self.prefill_dtype or query.dtype,
+            out,
+        )
         return out
 
 
 CASCADE_MIN_PREFIX = 64  # tokens of shared prefix worth one product of their own
 
 
-def _shared_prefix_blocks(block_tables: torch.Tensor, seq_lens: list[int], query_start_loc: list[int],
-                          first: int, block_size: int) -> int:
+def _shared_prefix_blocks(
+    block_tables: torch.Tensor,
+    seq_lens: list[int],
+    query_start_loc: list[int],
+    first: int,
+    block_size: int,
+) -> int:
     """Leading blocks that every prefill chunk from `first` on shares and that lie wholly before
     each chunk's first new token (so every query sees all of them: no mask)."""
     idx = range(first, len(seq_lens))
-    past = min((seq_lens[i] - (query_start_loc[i + 1] - query_start_loc[i])) // block_size for i in idx)
+    past = min(
+        (seq_lens[i] - (query_start_loc[i + 1] - query_start_loc[i])) // block_size for i in idx
+    )
     if past * block_size < CASCADE_MIN_PREFIX:
         return 0
     rows = block_tables[first:, :past]
@@ -86,21 +183,34 @@ def _shared_prefix_blocks(block_tables: torch.Tensor, seq_lens: list[int], query
     return past if bool(same.all()) else int(same.int().argmin())
 
 
-def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-           scale: float, causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def _flash(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    causal: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(output [1, Hq, Lq, D], logsumexp [1, Hq, Lq] fp32) of softmax(q k^T * scale + mask) v
     (causal: query i sees keys 0..i); GQA by repeating the kv heads (the CPU flash op takes
     equal heads)."""
     group = q.shape[1] // k.shape[1]
     if group > 1:
         k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=mask,
-                                                                    scale=scale)
+    out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, causal, attn_mask=mask, scale=scale
+    )
     return out[0], out[1].float()
 
 
-def _suffixes_batched(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: list[int], dtype: torch.dtype,
-                      scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _suffixes_batched(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lens: list[int],
+    dtype: torch.dtype,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal attention of each chunk to its own tokens (q [Nq, Hq, D], k/v [Nq, Hkv, D], chunks of
     `lens` rows back to back) in one flash call over [chunks, H, longest, D], padded at the end:
     (output [Nq, Hq, D], logsumexp [Nq, Hq] fp32)."""
@@ -123,8 +233,22 @@ def _suffixes_batched(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: l
     return o, lse
 
 
-def cascade_prefill(query, key, value, kv_cache, block_tables, seq_lens, query_start_loc, first, scale,
-                     k_scale, v_scale, dtype, step_cache, out) -> int:
+def cascade_prefill(
+    query,
+    key,
+    value,
+    kv_cache,
+    block_tables,
+    seq_lens,
+    query_start_loc,
+    first,
+    scale,
+    k_scale,
+    v_scale,
+    dtype,
+    step_cache,
+    out,
+) -> int:
     """Prefill chunks [first, B) through shared-prefix attention when at least two share a cached
     prefix of CASCADE_MIN_PREFIX tokens or more: all their queries against the prefix in one flash
     call, each chunk against its own suffix (causal), merged by log-sum-exp. Returns the first
@@ -153,7 +277,8 @@ def cascade_prefill(query, key, value, kv_cache, block_tables, seq_lens, query_s
     lse1 = lse1.reshape(hq, n_q).t()
     lens = [query_start_loc[i + 1] - query_start_loc[i] for i in range(first, len(seq_lens))]
     if kv_cache.dtype != torch.float8_e4m3fn and all(
-            seq_lens[first + j] - n == prefix for j, n in enumerate(lens)):
+        seq_lens[first + j] - n == prefix for j, n in enumerate(lens)
+    ):
         # every suffix is exactly this step's tokens: all chunks in one causal call, padded to
         # the longest (a padded key sits after every real query of its chunk: never seen)
         o2, lse2 = _suffixes_batched(q_tok, key[qs:qe], value[qs:qe], lens, dtype, scale)
@@ -164,10 +289,14 @@ def cascade_prefill(query, key, value, kv_cache, block_tables, seq_lens, query_s
             start, end = query_start_loc[i], query_start_loc[i + 1]
             q_len, ctx = end - start, seq_lens[i]
             rows = slice(start - qs, end - qs)
-            k2, v2 = gather_kv(kv_cache, block_tables[i : i + 1, shared:], ctx - prefix, dtype, k_scale, v_scale)
+            k2, v2 = gather_kv(
+                kv_cache, block_tables[i : i + 1, shared:], ctx - prefix, dtype, k_scale, v_scale
+            )
             q_pos = torch.arange(ctx - q_len, ctx)[:, None]
             kv_pos = torch.arange(prefix, ctx)[None, :]
-            mask = torch.zeros(q_len, ctx - prefix, dtype=dtype).masked_fill_(kv_pos > q_pos, float("-inf"))
+            mask = torch.zeros(q_len, ctx - prefix, dtype=dtype).masked_fill_(
+                kv_pos > q_pos, float("-inf")
+            )
             o, lse = _flash(q_all[None, :, rows], k2, v2, mask[None, None], scale)
             o2[rows], lse2[rows] = o[0].transpose(0, 1), lse[0].t()
     lse = torch.logaddexp(lse1, lse2)

@@ -52,7 +52,10 @@ def attend_range(
     hi,  # one past the last
     qk_scale,  # softmax scale * log2(e) (* k_scale * 256 when fp8)
     window,
-    stride_cb, stride_cs, stride_ch, stride_cd,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_cd,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -73,11 +76,13 @@ def attend_range(
         base = page * stride_cb + (kv_pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch  # [N]
         k = tl.load(
             k_cache_ptr + base[None, :] + offs_d[:, None] * stride_cd,
-            mask=kv_valid[None, :] & d_mask[:, None], other=0,
+            mask=kv_valid[None, :] & d_mask[:, None],
+            other=0,
         )  # [D, N]
         v = tl.load(
             v_cache_ptr + base[:, None] + offs_d[None, :] * stride_cd,
-            mask=kv_valid[:, None] & d_mask[None, :], other=0,
+            mask=kv_valid[:, None] & d_mask[None, :],
+            other=0,
         )  # [N, D]
         if IS_FP8:
             k = fp8_bytes_to_fp16(k)

@@ -24,7 +24,8 @@ decoder layer in one call: RMSNorm, the qkv / o / gate_up / down matmuls
 layer's bf16 or fp32 dense matrix; the same ATen ops the Python path calls),
 rotary (neox halves), the K/V write, the attention above, SiLU-and-mul and
 both residual adds. What it removes is the per-op Python and dispatcher cost
-of ~40 small ops per layer, which dominates a small model's decode step at low batch. The Python model (models/decoder.FusedDecode) decides when it
+of ~40 small ops per layer, which dominates a small model's decode step at low batch. The Python
+model (models/decoder.FusedDecode) decides when it
 applies and falls back to the layer-by-layer path otherwise.
 
 The C++ lives in edgellm/kernels/csrc/cpu/: vec.h (the vector helpers the kernels
@@ -178,7 +179,9 @@ def load(isa: CpuIsa | None = None):
         if not env.cpu_native_enabled() or level == "none":
             _failed.add(level)
             if level == "none":
-                logger.warning("this CPU has no AVX2: the C++ CPU kernels are off; using the torch paths")
+                logger.warning(
+                    "this CPU has no AVX2: the C++ CPU kernels are off; using the torch paths"
+                )
             return None
         module, why = _build(CSRC, [*isa.compile_flags(), *OPENMP])
         if module is None:
@@ -190,7 +193,9 @@ def load(isa: CpuIsa | None = None):
         return module
 
 
-def decode_tables(block_tables: torch.Tensor, seq_lens: list[int], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+def decode_tables(
+    block_tables: torch.Tensor, seq_lens: list[int], rows: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The first `rows` sequences' block tables (int64, contiguous) and context lengths as the
     kernels take them."""
     return block_tables[:rows].long().contiguous(), torch.tensor(seq_lens[:rows])

@@ -235,8 +235,15 @@ def repack_int4(
     if offsets is not None:
         if zeros is not None or g_idx is not None:
             raise ValueError("int4 offsets go without zero codes and without g_idx")
-        return Int4Weight(pack_int4(q.t(), 0), scales.t().contiguous(), None, None, None, group_size,
-                          offsets.t().float().contiguous())
+        return Int4Weight(
+            pack_int4(q.t(), 0),
+            scales.t().contiguous(),
+            None,
+            None,
+            None,
+            group_size,
+            offsets.t().float().contiguous(),
+        )
     if zeros is not None:
         if zeros.min() < 0 or zeros.max() > 255:
             raise ValueError("zero codes out of uint8 range")

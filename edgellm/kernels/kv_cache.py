@@ -107,9 +107,16 @@ def _write_kv_kernel(
     slot_mapping_ptr,  # [T]  block * BS + offset; negative: padding, skipped
     k_scale,
     v_scale,
-    stride_kt, stride_kh, stride_kd,
-    stride_vt, stride_vh, stride_vd,
-    stride_cb, stride_cs, stride_ch, stride_cd,
+    stride_kt,
+    stride_kh,
+    stride_kd,
+    stride_vt,
+    stride_vh,
+    stride_vd,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_cd,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
@@ -128,8 +135,12 @@ def _write_kv_kernel(
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
     mask = (offs_h[:, None] < NUM_KV_HEADS) & (offs_d[None, :] < HEAD_DIM)  # [BLOCK_H, BLOCK_D]
-    dst = (block * stride_cb + offset * stride_cs
-           + offs_h[:, None] * stride_ch + offs_d[None, :] * stride_cd)  # [BLOCK_H, BLOCK_D]
+    dst = (
+        block * stride_cb
+        + offset * stride_cs
+        + offs_h[:, None] * stride_ch
+        + offs_d[None, :] * stride_cd
+    )  # [BLOCK_H, BLOCK_D]
 
     k_src = token * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :] * stride_kd
     v_src = token * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :] * stride_vd
@@ -190,9 +201,16 @@ def write_kv_triton(
     if fp8_mode == FP8_SOFTWARE:
         k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     _write_kv_kernel[(num_tokens,)](
-        key, value, k_cache, v_cache, slot_mapping,
-        float(k_scale), float(v_scale),
-        *key.stride(), *value.stride(), *k_cache.stride(),
+        key,
+        value,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        float(k_scale),
+        float(v_scale),
+        *key.stride(),
+        *value.stride(),
+        *k_cache.stride(),
         NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim,
         BLOCK_SIZE=kv_cache.shape[2],

@@ -28,7 +28,10 @@ def write_kv_ref(
     num_slots = kv_cache.shape[1] * kv_cache.shape[2]
     flat = kv_cache.view(2, num_slots, kv_cache.shape[3], kv_cache.shape[4])
     if kv_cache.dtype == torch.float8_e4m3fn:
-        key, value = (key.float() / k_scale).clamp(-448, 448), (value.float() / v_scale).clamp(-448, 448)
+        key, value = (
+            (key.float() / k_scale).clamp(-448, 448),
+            (value.float() / v_scale).clamp(-448, 448),
+        )
         # index_copy_ has no fp8 kernel on CPU; copying the bytes is the same thing.
         flat = flat.view(torch.uint8)
         key = key.to(kv_cache.dtype).view(torch.uint8)
@@ -58,7 +61,9 @@ def gather_kv(
     if idx is None:
         idx = block_tables[:, :nblocks].reshape(-1)
     kv = torch.index_select(kv_cache, 1, idx)  # [2, B * nblocks, BS, Hkv, D]
-    kv = kv.view(2, batch, nblocks * block_size, kv_cache.shape[3], kv_cache.shape[4])[:, :, :length]
+    kv = kv.view(2, batch, nblocks * block_size, kv_cache.shape[3], kv_cache.shape[4])[
+        :, :, :length
+    ]
     k, v = kv[0], kv[1]
     if kv_cache.dtype == torch.float8_e4m3fn:
         k, v = k.to(torch.float32) * k_scale, v.to(torch.float32) * v_scale
@@ -85,15 +90,49 @@ def paged_attention_ref(
     gather indices); None: computed here."""
     out = torch.empty_like(query)
     if num_decodes:
-        out[:num_decodes] = decode_rows_ref(query, kv_cache, block_tables, seq_lens, num_decodes, scale,
-                                            sliding_window, k_scale, v_scale, step_cache)
-    prefill_rows_ref(query, key, value, kv_cache, block_tables, seq_lens, query_start_loc, num_decodes, scale,
-                     sliding_window, k_scale, v_scale, query.dtype, out)
+        out[:num_decodes] = decode_rows_ref(
+            query,
+            kv_cache,
+            block_tables,
+            seq_lens,
+            num_decodes,
+            scale,
+            sliding_window,
+            k_scale,
+            v_scale,
+            step_cache,
+        )
+    prefill_rows_ref(
+        query,
+        key,
+        value,
+        kv_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        num_decodes,
+        scale,
+        sliding_window,
+        k_scale,
+        v_scale,
+        query.dtype,
+        out,
+    )
     return out
 
 
-def decode_rows_ref(query, kv_cache, block_tables, seq_lens, num_decodes, scale, sliding_window=None,
-                    k_scale=1.0, v_scale=1.0, step_cache=None) -> torch.Tensor:
+def decode_rows_ref(
+    query,
+    kv_cache,
+    block_tables,
+    seq_lens,
+    num_decodes,
+    scale,
+    sliding_window=None,
+    k_scale=1.0,
+    v_scale=1.0,
+    step_cache=None,
+) -> torch.Tensor:
     """The first num_decodes sequences' one query row each: [num_decodes, Hq, D] (SDPA over each
     context gathered from its pages, an additive mask for the lengths and the window)."""
     dtype = query.dtype
@@ -120,8 +159,22 @@ def decode_rows_ref(query, kv_cache, block_tables, seq_lens, num_decodes, scale,
     return o.squeeze(2)
 
 
-def prefill_rows_ref(query, key, value, kv_cache, block_tables, seq_lens, query_start_loc, first, scale,
-                     sliding_window, k_scale, v_scale, dtype, out) -> None:
+def prefill_rows_ref(
+    query,
+    key,
+    value,
+    kv_cache,
+    block_tables,
+    seq_lens,
+    query_start_loc,
+    first,
+    scale,
+    sliding_window,
+    k_scale,
+    v_scale,
+    dtype,
+    out,
+) -> None:
     """Prefill chunks [first, B) one at a time, computed in `dtype` (causal SDPA over the chunk's
     own keys when it is the whole context, else over its pages with a mask), into out's rows."""
     for i in range(first, len(seq_lens)):
@@ -134,7 +187,9 @@ def prefill_rows_ref(query, key, value, kv_cache, block_tables, seq_lens, query_
         else:
             k, v = gather_kv(kv_cache, block_tables[i : i + 1].long(), ctx, dtype, k_scale, v_scale)
         if sliding_window is None and ctx == q_len:
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+            o = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=scale, enable_gqa=True
+            )
         else:
             q_pos = torch.arange(ctx - q_len, ctx)[:, None]
             kv_pos = torch.arange(ctx)[None, :]

@@ -33,10 +33,17 @@ def paged_attention_kernel(
     out_scale,  # v_scale * 256 when fp8, else 1
     window,
     seq_offset,  # first sequence handled (decodes may go to the split-K kernel)
-    stride_qt, stride_qh, stride_qd,
-    stride_ot, stride_oh, stride_od,
+    stride_qt,
+    stride_qh,
+    stride_qd,
+    stride_ot,
+    stride_oh,
+    stride_od,
     stride_bt,
-    stride_cb, stride_cs, stride_ch, stride_cd,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_cd,
     GROUP: tl.constexpr,  # query heads per kv head
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -70,9 +77,12 @@ def paged_attention_kernel(
     d_mask = offs_d < HEAD_DIM
     q_row = (q_start + tok).to(tl.int64)
     q = tl.load(
-        q_ptr + q_row[:, None] * stride_qt + head[:, None] * stride_qh
+        q_ptr
+        + q_row[:, None] * stride_qt
+        + head[:, None] * stride_qh
         + offs_d[None, :] * stride_qd,
-        mask=row_valid[:, None] & d_mask[None, :], other=0,
+        mask=row_valid[:, None] & d_mask[None, :],
+        other=0,
     )  # [M, D]
     if SOFT_BF16:
         q = q.to(tl.float32)  # the interpreter's bf16 dot is broken; bf16 * bf16 is exact in fp32
@@ -87,16 +97,39 @@ def paged_attention_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     acc, l_i, m_i = attend_range(
-        acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr,
-        block_tables_ptr + seq.to(tl.int64) * stride_bt, kv_head, lo, hi, qk_scale, window,
-        stride_cb, stride_cs, stride_ch, stride_cd,
-        HEAD_DIM, BLOCK_D, BLOCK_N, BLOCK_SIZE, IS_FP8, USE_WINDOW, SOFT_BF16, DOT_PRECISION,
+        acc,
+        l_i,
+        m_i,
+        q,
+        q_pos,
+        k_cache_ptr,
+        v_cache_ptr,
+        block_tables_ptr + seq.to(tl.int64) * stride_bt,
+        kv_head,
+        lo,
+        hi,
+        qk_scale,
+        window,
+        stride_cb,
+        stride_cs,
+        stride_ch,
+        stride_cd,
+        HEAD_DIM,
+        BLOCK_D,
+        BLOCK_N,
+        BLOCK_SIZE,
+        IS_FP8,
+        USE_WINDOW,
+        SOFT_BF16,
+        DOT_PRECISION,
     )
     out = acc * (out_scale / tl.where(l_i == 0.0, 1.0, l_i))[:, None]
     if SOFT_BF16:
         out = round_to_bf16(out)
     tl.store(
-        out_ptr + q_row[:, None] * stride_ot + head[:, None] * stride_oh
+        out_ptr
+        + q_row[:, None] * stride_ot
+        + head[:, None] * stride_oh
         + offs_d[None, :] * stride_od,
         out.to(out_ptr.dtype.element_ty),
         mask=row_valid[:, None] & d_mask[None, :],
@@ -178,8 +211,11 @@ def paged_attention_triton(
         )
     if query_start_loc_tensor.shape != (num_seqs + 1,):
         raise ValueError(f"query_start_loc_tensor must be [B + 1 = {num_seqs + 1}]")
-    for name, t in (("block_tables", block_tables), ("seq_lens_tensor", seq_lens_tensor),
-                    ("query_start_loc_tensor", query_start_loc_tensor)):
+    for name, t in (
+        ("block_tables", block_tables),
+        ("seq_lens_tensor", seq_lens_tensor),
+        ("query_start_loc_tensor", query_start_loc_tensor),
+    ):
         if t.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"{name} must be int32/int64, got {t.dtype}")
     if not 0 <= num_decodes <= num_seqs:
@@ -203,8 +239,13 @@ def paged_attention_triton(
     qk_scale = scale * math.log2(math.e) * (k_scale * 256.0 if is_fp8 else 1.0)
     out_scale = v_scale * 256.0 if is_fp8 else 1.0
     common = {
-        "GROUP": group, "HEAD_DIM": head_dim, "BLOCK_D": block_d, "BLOCK_N": block_n,
-        "BLOCK_SIZE": block_size, "IS_FP8": is_fp8, "USE_WINDOW": sliding_window is not None,
+        "GROUP": group,
+        "HEAD_DIM": head_dim,
+        "BLOCK_D": block_d,
+        "BLOCK_N": block_n,
+        "BLOCK_SIZE": block_size,
+        "IS_FP8": is_fp8,
+        "USE_WINDOW": sliding_window is not None,
         # The interpreter's bf16 tl.dot is wrong and its fp32 -> bf16 cast truncates.
         "SOFT_BF16": interpreted and query.dtype == torch.bfloat16,
         "DOT_PRECISION": "ieee" if query.dtype == torch.float32 else "tf32",
@@ -228,15 +269,38 @@ def paged_attention_triton(
         part_l = torch.empty(num_decodes, num_heads, num_splits, **f32)
         part_m = torch.empty_like(part_l)
         paged_decode_split_kernel[(num_decodes, num_kv_heads, num_splits)](
-            part_acc, part_l, part_m, query, k_cache, v_cache, block_tables, seq_lens_tensor,
-            qk_scale, window, partition, num_splits,
-            *query.stride(), block_tables.stride(0), *k_cache.stride(),
-            BLOCK_H=max(16, triton.next_power_of_2(group)), **common, num_warps=4,
+            part_acc,
+            part_l,
+            part_m,
+            query,
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens_tensor,
+            qk_scale,
+            window,
+            partition,
+            num_splits,
+            *query.stride(),
+            block_tables.stride(0),
+            *k_cache.stride(),
+            BLOCK_H=max(16, triton.next_power_of_2(group)),
+            **common,
+            num_warps=4,
         )
         paged_decode_reduce_kernel[(num_decodes, num_heads)](
-            out, part_acc, part_l, part_m, out_scale, num_splits, *out.stride(),
-            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(num_splits),
-            SOFT_BF16=common["SOFT_BF16"], num_warps=1,
+            out,
+            part_acc,
+            part_l,
+            part_m,
+            out_scale,
+            num_splits,
+            *out.stride(),
+            HEAD_DIM=head_dim,
+            BLOCK_D=block_d,
+            BLOCK_S=triton.next_power_of_2(num_splits),
+            SOFT_BF16=common["SOFT_BF16"],
+            num_warps=1,
         )
         seq_offset = num_decodes
     if seq_offset == num_seqs:
@@ -253,9 +317,24 @@ def paged_attention_triton(
     block_q = block_m // group
     grid = (num_seqs - seq_offset, triton.cdiv(max_query_len, block_q), num_kv_heads)
     paged_attention_kernel[grid](
-        out, query, k_cache, v_cache, block_tables, seq_lens_tensor, query_start_loc_tensor,
-        qk_scale, out_scale, window, seq_offset,
-        *query.stride(), *out.stride(), block_tables.stride(0), *k_cache.stride(),
-        BLOCK_M=block_m, BLOCK_Q=block_q, **common, num_warps=4,
+        out,
+        query,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens_tensor,
+        query_start_loc_tensor,
+        qk_scale,
+        out_scale,
+        window,
+        seq_offset,
+        *query.stride(),
+        *out.stride(),
+        block_tables.stride(0),
+        *k_cache.stride(),
+        BLOCK_M=block_m,
+        BLOCK_Q=block_q,
+        **common,
+        num_warps=4,
     )
     return out

@@ -21,9 +21,14 @@ def paged_decode_split_kernel(
     window,
     partition_size,  # context positions per split, a multiple of BLOCK_N
     num_splits,
-    stride_qt, stride_qh, stride_qd,
+    stride_qt,
+    stride_qh,
+    stride_qd,
     stride_bt,
-    stride_cb, stride_cs, stride_ch, stride_cd,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_cd,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -50,9 +55,12 @@ def paged_decode_split_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
     q = tl.load(
-        q_ptr + seq.to(tl.int64) * stride_qt + head[:, None] * stride_qh
+        q_ptr
+        + seq.to(tl.int64) * stride_qt
+        + head[:, None] * stride_qh
         + offs_d[None, :] * stride_qd,
-        mask=row_valid[:, None] & d_mask[None, :], other=0,
+        mask=row_valid[:, None] & d_mask[None, :],
+        other=0,
     )  # [H, D]
     if SOFT_BF16:
         q = q.to(tl.float32)
@@ -65,10 +73,31 @@ def paged_decode_split_kernel(
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     m_i = tl.full([BLOCK_H], -1.0e30, dtype=tl.float32)
     acc, l_i, m_i = attend_range(
-        acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr,
-        block_tables_ptr + seq.to(tl.int64) * stride_bt, kv_head, lo, hi, qk_scale, window,
-        stride_cb, stride_cs, stride_ch, stride_cd,
-        HEAD_DIM, BLOCK_D, BLOCK_N, BLOCK_SIZE, IS_FP8, USE_WINDOW, SOFT_BF16, DOT_PRECISION,
+        acc,
+        l_i,
+        m_i,
+        q,
+        q_pos,
+        k_cache_ptr,
+        v_cache_ptr,
+        block_tables_ptr + seq.to(tl.int64) * stride_bt,
+        kv_head,
+        lo,
+        hi,
+        qk_scale,
+        window,
+        stride_cb,
+        stride_cs,
+        stride_ch,
+        stride_cd,
+        HEAD_DIM,
+        BLOCK_D,
+        BLOCK_N,
+        BLOCK_SIZE,
+        IS_FP8,
+        USE_WINDOW,
+        SOFT_BF16,
+        DOT_PRECISION,
     )
     part = (seq.to(tl.int64) * (GROUP * tl.num_programs(1)) + head) * num_splits + split  # [H]
     tl.store(part_acc_ptr + part[:, None] * BLOCK_D + offs_d[None, :], acc, mask=row_valid[:, None])
@@ -84,7 +113,9 @@ def paged_decode_reduce_kernel(
     part_m_ptr,  # [num_decodes, Hq, S]
     out_scale,
     num_splits,
-    stride_ot, stride_oh, stride_od,
+    stride_ot,
+    stride_oh,
+    stride_od,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,

@@ -10,7 +10,9 @@ import torch
 ACT_BLOCK = 32  # columns per activation scale
 
 
-def quantize_rows_ref(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_rows_ref(
+    x: torch.Tensor, group: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [M, K] fp32 -> (codes [M, K] int8, d [M, K / 32] fp32, dsum [M, K / group] fp32) by the
     Q8_0 rule: d = absmax / 127 per 32-column block, codes = round-half-even(x * (1 / d))
     (0 where d == 0); dsum = per group, the sum over its blocks of d * sum(codes) (group 16: d times
@@ -45,7 +47,9 @@ def unpack_int4_blocks_ref(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((b & 15, b >> 4), 2).reshape(n, half * 2)
 
 
-def int_weight_ref(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None, group: int) -> torch.Tensor:
+def int_weight_ref(
+    q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None, group: int
+) -> torch.Tensor:
     """W [N, K] fp32 = scale[n, g] * q[n, k] (+ offset[n, g]), q the integer codes."""
     w = q.float().reshape(q.shape[0], -1, group) * scale.float()[..., None]
     if offset is not None:
@@ -53,12 +57,21 @@ def int_weight_ref(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | 
     return w.reshape(q.shape)
 
 
-def int_linear_ref(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None,
-                   group: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+def int_linear_ref(
+    x: torch.Tensor,
+    q: torch.Tensor,
+    scale: torch.Tensor,
+    offset: torch.Tensor | None,
+    group: int,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
     """What qgemm.int_linear computes, in float64: the activations rounded by quantize_rows_ref,
     times the exact weight. [M, N] fp64."""
     codes, d, _ = quantize_rows_ref(x, group)
-    y = dequantize_rows_ref(codes, d).double() @ int_weight_ref(q, scale, offset, group).double().t()
+    y = (
+        dequantize_rows_ref(codes, d).double()
+        @ int_weight_ref(q, scale, offset, group).double().t()
+    )
     return y if bias is None else y + bias.double()
 
 
@@ -74,7 +87,11 @@ def pack_int_n16_ref(q: torch.Tensor, bits: int) -> torch.Tensor:
     nt = -(-n // N16)
     e = torch.zeros(nt * N16, k, dtype=torch.int16)
     e[:n] = q.to(torch.int16) + (128 if bits == 8 else 0)
-    e = e.reshape(nt, N16, k // ACT_BLOCK, 8, 4).permute(0, 2, 3, 1, 4).reshape(nt, k // ACT_BLOCK, 512)
+    e = (
+        e.reshape(nt, N16, k // ACT_BLOCK, 8, 4)
+        .permute(0, 2, 3, 1, 4)
+        .reshape(nt, k // ACT_BLOCK, 512)
+    )
     if bits == 4:
         e = e[..., :256] | (e[..., 256:] << 4)
     return e.to(torch.uint8).contiguous()

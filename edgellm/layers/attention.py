@@ -38,7 +38,8 @@ class Attention(nn.Module):
         scale: float | None = None,
         backend: AttentionBackend | None = None,
     ) -> None:
-        """scale: of q.k before softmax; None: head_dim ** -0.5. backend: None, the torch reference."""
+        """scale: of q.k before softmax; None: head_dim ** -0.5. backend: None, the torch
+        reference."""
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -62,8 +63,12 @@ class Attention(nn.Module):
         self.k_scale = max(float(k.abs().max()), 1e-6) * FP8_HEADROOM / FP8_MAX
         self.v_scale = max(float(v.abs().max()), 1e-6) * FP8_HEADROOM / FP8_MAX
         self.scales_known = True
-        logger.info("fp8 KV scales of layer %d computed from the first prefill: k_scale=%.4g v_scale=%.4g",
-                    self.layer_index, self.k_scale, self.v_scale)
+        logger.info(
+            "fp8 KV scales of layer %d computed from the first prefill: k_scale=%.4g v_scale=%.4g",
+            self.layer_index,
+            self.k_scale,
+            self.v_scale,
+        )
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
@@ -75,4 +80,6 @@ class Attention(nn.Module):
         if cache.dtype == torch.float8_e4m3fn and not self.scales_known:
             self._calibrate(k, v)
         self.backend.write_kv(k, v, cache, meta, self.k_scale, self.v_scale)
-        return self.backend.attend(q, k, v, cache, meta, self.scale, self.sliding_window, self.k_scale, self.v_scale)
+        return self.backend.attend(
+            q, k, v, cache, meta, self.scale, self.sliding_window, self.k_scale, self.v_scale
+        )

@@ -35,9 +35,13 @@ class Linear(nn.Module):
         self.method = method
         # param -> shard ("" = whole) -> tensor, for layouts with stash=True
         self.stash: dict[str, dict[str, torch.Tensor]] = {}
-        self.layouts: dict[str, ParamLayout] = method.create_weights(self, input_size, self.output_size, dtype)
+        self.layouts: dict[str, ParamLayout] = method.create_weights(
+            self, input_size, self.output_size, dtype
+        )
         if bias:
-            self.bias = nn.Parameter(torch.empty(self.output_size, dtype=dtype), requires_grad=False)
+            self.bias = nn.Parameter(
+                torch.empty(self.output_size, dtype=dtype), requires_grad=False
+            )
             self.layouts["bias"] = ParamLayout(output_dim=0)
         else:
             self.bias = None
@@ -57,11 +61,15 @@ class Linear(nn.Module):
         if param_name == "bias" and "bias" not in self.layouts:
             # some writers (GPTQ) store an all-zero bias for layers that have none
             if torch.count_nonzero(tensor):
-                raise ValueError(f"{source}: {self.prefix} has no bias in this architecture, "
-                                 f"but the checkpoint gives a nonzero one")
+                raise ValueError(
+                    f"{source}: {self.prefix} has no bias in this architecture, "
+                    f"but the checkpoint gives a nonzero one"
+                )
             return
         if param_name not in self.layouts:
-            raise ValueError(f"{source}: unexpected tensor for {self.prefix} (no parameter {param_name!r})")
+            raise ValueError(
+                f"{source}: unexpected tensor for {self.prefix} (no parameter {param_name!r})"
+            )
         if shard and shard not in self.shard_sizes:
             raise ValueError(f"{source}: {self.prefix} has no shard {shard!r}")
         layout = self.layouts[param_name]
@@ -78,7 +86,12 @@ class Linear(nn.Module):
             self.loaded.update((param_name, s) for s in (self.shards or [""]))
 
     def _copy_into(
-        self, param_name: str, layout: ParamLayout, tensor: torch.Tensor, shard: str | None, source: str
+        self,
+        param_name: str,
+        layout: ParamLayout,
+        tensor: torch.Tensor,
+        shard: str | None,
+        source: str,
     ) -> None:
         param: torch.Tensor = getattr(self, param_name)
         target = param.data
@@ -89,7 +102,9 @@ class Linear(nn.Module):
                     break
                 offset += size
             size = self.shard_sizes[shard]
-            target = target.narrow(layout.output_dim, offset // layout.pack_factor, size // layout.pack_factor)
+            target = target.narrow(
+                layout.output_dim, offset // layout.pack_factor, size // layout.pack_factor
+            )
         if tuple(tensor.shape) != tuple(target.shape):
             raise ValueError(
                 f"{source}: shape {tuple(tensor.shape)} does not match {self.prefix}.{param_name}"

@@ -104,7 +104,9 @@ class RotaryEmbedding(nn.Module):
         elif rope_type == "freq_factors":  # GGUF's rope_freqs: each frequency divided by its factor
             factors = torch.tensor(scaling["factors"], dtype=torch.float32)  # type: ignore[index]
             if factors.numel() != inv.numel():
-                raise ValueError(f"rope freq factors: {factors.numel()} for {inv.numel()} frequencies")
+                raise ValueError(
+                    f"rope freq factors: {factors.numel()} for {inv.numel()} frequencies"
+                )
             inv = inv / factors
         elif rope_type == "yarn":
             inv, scale = _yarn(theta, self.rot_dim, scaling, model_max)  # type: ignore[arg-type]

@@ -57,7 +57,9 @@ class Architecture:
     scaled_embedding: bool = False  # embeddings times sqrt(hidden)
     tied_by_default: bool = False  # tie_word_embeddings when config.json does not say
 
-    def map_tensor_name(self, name: str, module_names: Collection[str] | None = None) -> TensorTarget | None:
+    def map_tensor_name(
+        self, name: str, module_names: Collection[str] | None = None
+    ) -> TensorTarget | None:
         """Checkpoint tensor name -> target; None for tensors that carry no weights we use.
 
         Parameter names may contain dots (bitsandbytes' `q_proj.weight.absmax`), so given the
@@ -98,7 +100,9 @@ MISTRAL = Architecture("mistral", ("mistral",), ("MistralForCausalLM",), uses_sl
 QWEN2 = Architecture(
     "qwen2", ("qwen2",), ("Qwen2ForCausalLM",), qkv_bias_always=True, uses_sliding_window=True
 )
-PHI3 = Architecture("phi3", ("phi3",), ("Phi3ForCausalLM",), uses_sliding_window=True, fused_on_disk=True)
+PHI3 = Architecture(
+    "phi3", ("phi3",), ("Phi3ForCausalLM",), uses_sliding_window=True, fused_on_disk=True
+)
 EXAONE = Architecture(
     "exaone",
     ("exaone",),
@@ -126,15 +130,31 @@ _BRANCH_OUTPUT_NORMS = (
     (r"\.pre_feedforward_layernorm\.", ".post_attention_layernorm."),
     (r"\.post_feedforward_layernorm\.", ".mlp_output_norm."),
 )
-QWEN3 = Architecture("qwen3", ("qwen3",), ("Qwen3ForCausalLM",), uses_sliding_window=True, qk_norm=True)
+QWEN3 = Architecture(
+    "qwen3", ("qwen3",), ("Qwen3ForCausalLM",), uses_sliding_window=True, qk_norm=True
+)
 GEMMA3 = Architecture(
-    "gemma3", ("gemma3_text",), ("Gemma3ForCausalLM",), default_rope_theta=1_000_000.0,
-    renames=_BRANCH_OUTPUT_NORMS, uses_sliding_window=True, norm_layout="sandwich",
-    norm_weight_offset=1.0, qk_norm=True, scaled_embedding=True, tied_by_default=True,
+    "gemma3",
+    ("gemma3_text",),
+    ("Gemma3ForCausalLM",),
+    default_rope_theta=1_000_000.0,
+    renames=_BRANCH_OUTPUT_NORMS,
+    uses_sliding_window=True,
+    norm_layout="sandwich",
+    norm_weight_offset=1.0,
+    qk_norm=True,
+    scaled_embedding=True,
+    tied_by_default=True,
 )
 EXAONE4 = Architecture(
-    "exaone4", ("exaone4",), ("Exaone4ForCausalLM",), default_rope_theta=1_000_000.0,
-    renames=_BRANCH_OUTPUT_NORMS, uses_sliding_window=True, norm_layout="post", qk_norm=True,
+    "exaone4",
+    ("exaone4",),
+    ("Exaone4ForCausalLM",),
+    default_rope_theta=1_000_000.0,
+    renames=_BRANCH_OUTPUT_NORMS,
+    uses_sliding_window=True,
+    norm_layout="post",
+    qk_norm=True,
 )
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -149,7 +169,9 @@ def resolve_architecture(hf_config: dict[str, Any], override: str | None = None)
         for arch in ARCHITECTURES.values():
             if override in arch.hf_classes:
                 return arch
-        raise ValueError(f"unknown architecture override {override!r}; known: {sorted(ARCHITECTURES)}")
+        raise ValueError(
+            f"unknown architecture override {override!r}; known: {sorted(ARCHITECTURES)}"
+        )
     model_type = hf_config.get("model_type")
     for arch in ARCHITECTURES.values():
         if model_type in arch.model_types:

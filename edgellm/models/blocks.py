@@ -25,17 +25,30 @@ CosSin = tuple[torch.Tensor, torch.Tensor]
 
 
 def _checkpoint_names(cfg: ModelConfig, parent: str, fused: str) -> list[str]:
-    """What the checkpoint (and its quantization ignore list) calls a fused module: q/k/v_proj, ..."""
-    return [f"{parent}.{name}" for name in ARCHITECTURES[cfg.architecture].checkpoint_modules(fused)]
+    """What the checkpoint (and its quantization ignore list) calls a fused module: q/k/v_proj,
+    ..."""
+    return [
+        f"{parent}.{name}" for name in ARCHITECTURES[cfg.architecture].checkpoint_modules(fused)
+    ]
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, scheme: QuantScheme, dtype: torch.dtype,
-                 ops: LayerOps | None = None) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        layer: int,
+        scheme: QuantScheme,
+        dtype: torch.dtype,
+        ops: LayerOps | None = None,
+    ) -> None:
         super().__init__()
         ops = ops or LayerOps()
         p = f"model.layers.{layer}.self_attn"
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+        )
         self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
         self.qkv_proj = Linear(
             cfg.hidden_size,
@@ -46,34 +59,73 @@ class SelfAttention(nn.Module):
             f"{p}.qkv_proj",
         )
         self.o_proj = Linear(
-            cfg.q_size, cfg.hidden_size, cfg.o_bias, scheme.linear_method(f"{p}.o_proj"), dtype, f"{p}.o_proj"
+            cfg.q_size,
+            cfg.hidden_size,
+            cfg.o_bias,
+            scheme.linear_method(f"{p}.o_proj"),
+            dtype,
+            f"{p}.o_proj",
         )
         # Qwen3 / Gemma 3 / EXAONE 4: one RMSNorm over each q and each k head, before rotary
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype, cfg.norm_weight_offset) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype, cfg.norm_weight_offset) if cfg.qk_norm else None
-        self.attn = Attention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.sliding_windows[layer], layer,
-                              cfg.attn_scale, ops.attention)
+        self.q_norm = (
+            RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype, cfg.norm_weight_offset)
+            if cfg.qk_norm
+            else None
+        )
+        self.k_norm = (
+            RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype, cfg.norm_weight_offset)
+            if cfg.qk_norm
+            else None
+        )
+        self.attn = Attention(
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.sliding_windows[layer],
+            layer,
+            cfg.attn_scale,
+            ops.attention,
+        )
         # C++ rotary in place on the projection (edgellm/kernels/csrc/cpu/rotary.cpp): full-width
         # rotary without q/k norms, where the load's ops have the C++ kernels
         full = int(cfg.head_dim * cfg.partial_rotary_factor) == cfg.head_dim
         self.native_rotary = ops.native if full and not cfg.qk_norm else None
-        # fp8 KV cache scales, when the checkpoint carries them (compressed-tensors kv_cache_scheme);
+        # fp8 KV cache scales, when the checkpoint carries them (compressed-tensors
+        # kv_cache_scheme);
         # NaN = not given. Buffers, not parameters: optional for the loader.
         self.register_buffer("k_scale", torch.full((), float("nan")), persistent=False)
         self.register_buffer("v_scale", torch.full((), float("nan")), persistent=False)
 
-    def forward(self, x: torch.Tensor, rotary: RotaryEmbedding | None, cos_sin: CosSin | None,
-                batch: ForwardBatch) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rotary: RotaryEmbedding | None,
+        cos_sin: CosSin | None,
+        batch: ForwardBatch,
+    ) -> torch.Tensor:
         """rotary None: a layer without positional rotation (EXAONE 4's global layers)."""
         qkv = self.qkv_proj(x)
-        if (self.native_rotary is not None and rotary is not None and cos_sin is not None
-                and qkv.dtype == torch.float32 and qkv.dim() == 2 and qkv.stride(-1) == 1):
+        if (
+            self.native_rotary is not None
+            and rotary is not None
+            and cos_sin is not None
+            and qkv.dtype == torch.float32
+            and qkv.dim() == 2
+            and qkv.stride(-1) == 1
+        ):
             cos, sin = cos_sin
             n = qkv.shape[0]
-            self.native_rotary.rotate_(qkv, cos.reshape(n, -1).contiguous(), sin.reshape(n, -1).contiguous(),
-                                       self.num_heads + self.num_kv_heads, self.head_dim)
+            self.native_rotary.rotate_(
+                qkv,
+                cos.reshape(n, -1).contiguous(),
+                sin.reshape(n, -1).contiguous(),
+                self.num_heads + self.num_kv_heads,
+                self.head_dim,
+            )
             q = qkv[:, : self.q_size].view(-1, self.num_heads, self.head_dim)
-            k = qkv[:, self.q_size : self.q_size + self.kv_size].view(-1, self.num_kv_heads, self.head_dim)
+            k = qkv[:, self.q_size : self.q_size + self.kv_size].view(
+                -1, self.num_kv_heads, self.head_dim
+            )
             v = qkv[:, self.q_size + self.kv_size :].view(-1, self.num_kv_heads, self.head_dim)
             return self.o_proj(self.attn(q, k, v, batch.attn).reshape(-1, self.q_size))
         if self.q_norm is not None and self.k_norm is not None:
@@ -86,7 +138,8 @@ class SelfAttention(nn.Module):
             qk, v = qkv.split((self.q_size + self.kv_size, self.kv_size), dim=-1)
             qk = qk.reshape(-1, self.num_heads + self.num_kv_heads, self.head_dim)
             if rotary is not None and cos_sin is not None:
-                # q and k heads rotated together: one set of elementwise ops per layer instead of two
+                # q and k heads rotated together: one set of elementwise ops per layer instead of
+                # two
                 qk = rotary.rotate(qk, *cos_sin)
             q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
         v = v.reshape(-1, self.num_kv_heads, self.head_dim)
@@ -104,8 +157,14 @@ _ACTIVATIONS = {
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, scheme: QuantScheme, dtype: torch.dtype,
-                 ops: LayerOps | None = None) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        layer: int,
+        scheme: QuantScheme,
+        dtype: torch.dtype,
+        ops: LayerOps | None = None,
+    ) -> None:
         super().__init__()
         ops = ops or LayerOps()
         p = f"model.layers.{layer}.mlp"
@@ -122,8 +181,12 @@ class MLP(nn.Module):
             f"{p}.gate_up_proj",
         )
         self.down_proj = Linear(
-            cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias,
-            scheme.linear_method(f"{p}.down_proj"), dtype, f"{p}.down_proj",
+            cfg.intermediate_size,
+            cfg.hidden_size,
+            cfg.mlp_bias,
+            scheme.linear_method(f"{p}.down_proj"),
+            dtype,
+            f"{p}.down_proj",
         )
 
         # a bf16 intermediate (the load's ops allow it: CPU fast mode, or auto with bf16 units; a
@@ -137,7 +200,12 @@ class MLP(nn.Module):
             test = getattr(getattr(linear, "kernel", None), "rounds_to_bf16", None)
             return test is not None and test(rows)
 
-        return self.bf16_intermediate and rows > 1 and rounds(self.gate_up_proj) and rounds(self.down_proj)
+        return (
+            self.bf16_intermediate
+            and rows > 1
+            and rounds(self.gate_up_proj)
+            and rounds(self.down_proj)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._bf16_step(x.numel() // x.shape[-1]):
@@ -145,7 +213,9 @@ class MLP(nn.Module):
             # instead of widening [T, 2 * intermediate] to fp32 and back (prefill-sized steps)
             gu = self.gate_up_proj(x.to(torch.bfloat16))
             if self.native_silu_mul is not None:  # one pass, one rounding (csrc/cpu/activation.cpp)
-                return self.down_proj(self.native_silu_mul.silu_mul(gu.reshape(-1, gu.shape[-1]))).to(x.dtype)
+                return self.down_proj(
+                    self.native_silu_mul.silu_mul(gu.reshape(-1, gu.shape[-1]))
+                ).to(x.dtype)
             gate, up = gu.split(self.intermediate_size, dim=-1)
             return self.down_proj(F.silu(gate) * up).to(x.dtype)
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
@@ -153,10 +223,15 @@ class MLP(nn.Module):
 
 
 class Embedding(nn.Module):
-    def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype, scale: float | None = None) -> None:
-        """scale: a multiplier of every embedding (Gemma: sqrt(hidden)), applied in the model's dtype."""
+    def __init__(
+        self, vocab_size: int, hidden_size: int, dtype: torch.dtype, scale: float | None = None
+    ) -> None:
+        """scale: a multiplier of every embedding (Gemma: sqrt(hidden)), applied in the model's
+        dtype."""
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, dtype=dtype), requires_grad=False)
+        self.weight = nn.Parameter(
+            torch.empty(vocab_size, hidden_size, dtype=dtype), requires_grad=False
+        )
         self.scale = scale
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:

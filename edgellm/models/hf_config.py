@@ -40,20 +40,27 @@ def _rope_params(cfg: dict[str, Any]) -> tuple[dict | None, dict | None]:
     return scaling, ({"rope_type": "default", "rope_theta": local} if local is not None else None)
 
 
-def _rope(cfg: dict[str, Any], arch: Architecture, max_pos: int) -> tuple[float, dict | None, float, float | None]:
+def _rope(
+    cfg: dict[str, Any], arch: Architecture, max_pos: int
+) -> tuple[float, dict | None, float, float | None]:
     """(theta, scaling dict or None, partial rotary factor, the sliding layers' theta or None)."""
     params, local = _rope_params(cfg)
     theta = (params or {}).get("rope_theta", cfg.get("rope_theta", arch.default_rope_theta))
     scaling: dict | None = dict(params) if params else None
-    partial = float(_first(scaling or {}, "partial_rotary_factor",
-                           default=cfg.get("partial_rotary_factor", 1.0)))
+    partial = float(
+        _first(
+            scaling or {}, "partial_rotary_factor", default=cfg.get("partial_rotary_factor", 1.0)
+        )
+    )
     if scaling is not None:
         rope_type = scaling.get("rope_type", scaling.get("type", "default"))
         rope_type = {"su": "longrope"}.get(rope_type, rope_type)
         if rope_type == "default":
             scaling = None
         elif rope_type not in ROPE_TYPES:
-            raise ValueError(f"rope scaling type {rope_type!r} is not supported; supported: {ROPE_TYPES}")
+            raise ValueError(
+                f"rope scaling type {rope_type!r} is not supported; supported: {ROPE_TYPES}"
+            )
         else:
             scaling["rope_type"] = rope_type
             scaling.setdefault(
@@ -63,7 +70,10 @@ def _rope(cfg: dict[str, Any], arch: Architecture, max_pos: int) -> tuple[float,
     local_theta = None
     if local is not None:
         if local.get("rope_type", "default") != "default":
-            raise ValueError(f"sliding layers' rope type {local.get('rope_type')!r} is not supported (default only)")
+            raise ValueError(
+                f"sliding layers' rope type {local.get('rope_type')!r} is not supported (default "
+                "only)"
+            )
         local_theta = float(local.get("rope_theta", 10000.0))
     return float(theta), scaling, partial, local_theta
 
@@ -72,14 +82,23 @@ def _layer_types(cfg: dict[str, Any], num_layers: int) -> list[str] | None:
     types = cfg.get("layer_types")
     if types:
         if len(types) != num_layers:
-            raise ValueError(f"config.json: layer_types has {len(types)} entries for {num_layers} layers")
+            raise ValueError(
+                f"config.json: layer_types has {len(types)} entries for {num_layers} layers"
+            )
         return list(types)
     pattern = cfg.get("sliding_window_pattern")
     if isinstance(pattern, str) and pattern:  # EXAONE 4: "LLLG"
-        return ["sliding_attention" if pattern[i % len(pattern)] == "L" else "full_attention"
-                for i in range(num_layers)]
-    if isinstance(pattern, int) and pattern > 0:  # Gemma 3 and EXAONE 4: every pattern-th layer is global
-        return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
+        return [
+            "sliding_attention" if pattern[i % len(pattern)] == "L" else "full_attention"
+            for i in range(num_layers)
+        ]
+    if (
+        isinstance(pattern, int) and pattern > 0
+    ):  # Gemma 3 and EXAONE 4: every pattern-th layer is global
+        return [
+            "sliding_attention" if (i + 1) % pattern else "full_attention"
+            for i in range(num_layers)
+        ]
     return None
 
 
@@ -92,7 +111,9 @@ def _sliding_windows(cfg: dict[str, Any], arch: Architecture, num_layers: int) -
             return [None] * num_layers
         first = int(cfg.get("max_window_layers", num_layers))
         return [int(window) if i >= first else None for i in range(num_layers)]
-    default_pattern = {"gemma3": 6, "exaone4": 4}.get(arch.name)  # their transformers configs' defaults
+    default_pattern = {"gemma3": 6, "exaone4": 4}.get(
+        arch.name
+    )  # their transformers configs' defaults
     if default_pattern and not cfg.get("layer_types") and cfg.get("sliding_window_pattern") is None:
         cfg = {**cfg, "sliding_window_pattern": default_pattern}
     types = _layer_types(cfg, num_layers)
@@ -102,7 +123,11 @@ def _sliding_windows(cfg: dict[str, Any], arch: Architecture, num_layers: int) -
 
 
 def _activation(cfg: dict[str, Any], arch: Architecture) -> str:
-    keys = ("hidden_activation", "hidden_act") if arch.name == "gemma3" else ("hidden_act", "activation_function")
+    keys = (
+        ("hidden_activation", "hidden_act")
+        if arch.name == "gemma3"
+        else ("hidden_act", "activation_function")
+    )
     return str(_first(cfg, *keys, default="gelu_pytorch_tanh" if arch.name == "gemma3" else "silu"))
 
 
@@ -167,6 +192,7 @@ def model_config_from_hf(
         final_logit_softcapping=cfg.get("final_logit_softcapping"),
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=eos,
-        checkpoint_dtype=_HF_DTYPES.get(str(_first(cfg, "torch_dtype", "dtype", default="float32")),
-                                        torch.float32),
+        checkpoint_dtype=_HF_DTYPES.get(
+            str(_first(cfg, "torch_dtype", "dtype", default="float32")), torch.float32
+        ),
     )

@@ -38,7 +38,7 @@ class AWQScheme(QuantScheme):
             raise config_error("AWQ", f"bits={bits} (int4 only)", config)
         version = str(config.get("version", "gemm")).lower()
         if version != "gemm":
-            raise config_error("AWQ", f"version {version!r} (only the \"gemm\" layout)", config)
+            raise config_error("AWQ", f'version {version!r} (only the "gemm" layout)', config)
         if not config.get("zero_point", True):
             raise config_error("AWQ", "zero_point=false", config)
         self.group_size = int(config.get("group_size", config.get("q_group_size", 128)))
@@ -62,7 +62,8 @@ class AWQLinearMethod(QuantLinearMethod):
         gs = self.scheme.group_size
         if input_size % gs or output_size % 8:
             raise ValueError(
-                f"AWQ: {layer.prefix} has {input_size} inputs / {output_size} outputs; needs inputs a "
+                f"AWQ: {layer.prefix} has {input_size} inputs / {output_size} outputs; needs "
+                "inputs a "
                 f"multiple of group_size {gs} and outputs a multiple of 8"
             )
         groups = input_size // gs

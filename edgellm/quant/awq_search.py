@@ -112,7 +112,7 @@ def search_clip(
     xg = x.reshape(-1, k // g, g).transpose(0, 1)  # [G, T, g]
     best_all = []
     for r0 in range(0, n, oc_batch):
-        w = weight[r0:r0 + oc_batch].float()
+        w = weight[r0 : r0 + oc_batch].float()
         rows = w.shape[0]
         wg = w.reshape(rows, k // g, g).transpose(0, 1)  # [G, n, g]
         org_max = wg.abs().amax(dim=-1, keepdim=True)  # [G, n, 1]
@@ -163,8 +163,10 @@ def awq_layer(
         runner.forward(index)
     # the scale search runs the block on whole sequences, up to a token budget
     n_search = 1
-    while n_search < len(feats["attn"]) and \
-            sum(t.shape[0] * t.shape[1] for t in feats["attn"][:n_search]) < search_tokens:
+    while (
+        n_search < len(feats["attn"])
+        and sum(t.shape[0] * t.shape[1] for t in feats["attn"][:n_search]) < search_tokens
+    ):
         n_search += 1
 
     def sub(name: str) -> list[torch.Tensor]:
@@ -175,17 +177,26 @@ def awq_layer(
 
     alphas = {}
 
-    def after_norm(key: str, feat: str, norm: nn.Module, lins: list[nn.Linear], block: Callable) -> None:
+    def after_norm(
+        key: str, feat: str, norm: nn.Module, lins: list[nn.Linear], block: Callable
+    ) -> None:
         """Scale the linears that read a norm's output; the norm's weight takes the inverse."""
-        s, alphas[key] = search_scale(feats[feat], sub(feat), lins, block, spec, n_grid, duo_scaling)
+        s, alphas[key] = search_scale(
+            feats[feat], sub(feat), lins, block, spec, n_grid, duo_scaling
+        )
         norm.weight.data /= s
         for lin in lins:
             lin.weight.data *= s
         divide(feat, s)
 
     # q/k/v <- input norm, scored on the attention block
-    after_norm("qkv", "attn", parts.attn_norm, list(parts.qkv.values()),
-               lambda xs: runner.run_module(parts.attn, xs, attn=True))
+    after_norm(
+        "qkv",
+        "attn",
+        parts.attn_norm,
+        list(parts.qkv.values()),
+        lambda xs: runner.run_module(parts.attn, xs, attn=True),
+    )
 
     # v -> o where v's outputs feed o one to one
     if parts.fused_qkv:
@@ -197,18 +208,26 @@ def awq_layer(
     else:
         v_lin = parts.qkv["v_proj"]
         v_rows = slice(0, v_lin.out_features)
-        v_ok = v_lin.out_features == o.in_features and \
-            parts.qkv["q_proj"].out_features == v_lin.out_features
+        v_ok = (
+            v_lin.out_features == o.in_features
+            and parts.qkv["q_proj"].out_features == v_lin.out_features
+        )
     if v_ok:
-        s, alphas["o"] = search_scale(feats["o"], sub("o"), [o], lambda xs: [o(x) for x in xs],
-                                      spec, n_grid, duo_scaling)
+        s, alphas["o"] = search_scale(
+            feats["o"], sub("o"), [o], lambda xs: [o(x) for x in xs], spec, n_grid, duo_scaling
+        )
         _scale_rows(v_lin, v_rows, s)
         o.weight.data *= s
         divide("o", s)
 
     # gate/up <- post-attention norm, scored on the MLP
-    after_norm("gate_up", "mlp", parts.mlp_norm, list(parts.gate_up.values()),
-               lambda xs: runner.run_module(parts.mlp, xs, attn=False))
+    after_norm(
+        "gate_up",
+        "mlp",
+        parts.mlp_norm,
+        list(parts.gate_up.values()),
+        lambda xs: runner.run_module(parts.mlp, xs, attn=False),
+    )
 
     # up -> down
     if parts.fused_gate_up:
@@ -217,8 +236,15 @@ def awq_layer(
     else:
         up_lin = parts.gate_up["up_proj"]
         up_rows = slice(0, up_lin.out_features)
-    s, alphas["down"] = search_scale(feats["down"], sub("down"), [down], lambda xs: [down(x) for x in xs],
-                                     spec, n_grid, duo_scaling)
+    s, alphas["down"] = search_scale(
+        feats["down"],
+        sub("down"),
+        [down],
+        lambda xs: [down(x) for x in xs],
+        spec,
+        n_grid,
+        duo_scaling,
+    )
     _scale_rows(up_lin, up_rows, s)
     down.weight.data *= s
     divide("down", s)

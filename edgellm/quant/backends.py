@@ -24,7 +24,11 @@ import torch
 from torch import nn
 
 from edgellm.quant.linear_kernels.dense import DenseKernel
-from edgellm.quant.linear_kernels.triton import TritonInt4Kernel, TritonInt8GroupedKernel, use_triton
+from edgellm.quant.linear_kernels.triton import (
+    TritonInt4Kernel,
+    TritonInt8GroupedKernel,
+    use_triton,
+)
 
 if TYPE_CHECKING:
     from edgellm.platform import Platform
@@ -46,11 +50,15 @@ def build_kernel(method: QuantLinearMethod, layer: nn.Module, platform: Platform
             return TritonInt4Kernel(codes, device)
         if (codes8 := method.int8(layer)) is not None:
             return TritonInt8GroupedKernel(codes8, device)
-    elif platform.cpu_quant == "auto" and (codes is not None or (codes := method.int8(layer)) is not None):
+    elif platform.cpu_quant == "auto" and (
+        codes is not None or (codes := method.int8(layer)) is not None
+    ):
         from edgellm.quant.linear_kernels.cpu_int import CpuIntDotKernel
 
         native = platform.native()
-        ok, why = CpuIntDotKernel.can_implement(codes=codes, platform=platform, native=native, dtype=layer.dtype)
+        ok, why = CpuIntDotKernel.can_implement(
+            codes=codes, platform=platform, native=native, dtype=layer.dtype
+        )
         if ok:
             return CpuIntDotKernel(codes, native, platform)
         logger.info("%s: %s; dequantized instead", layer.prefix, why)
@@ -60,5 +68,7 @@ def build_kernel(method: QuantLinearMethod, layer: nn.Module, platform: Platform
         kernel = CpuInt4Kernel.build(codes, layer.dtype, platform)
         if kernel is not None:
             return kernel
-        logger.info("%s: int4 shapes unsuited to the CPU int4 GEMV; dequantized instead", layer.prefix)
+        logger.info(
+            "%s: int4 shapes unsuited to the CPU int4 GEMV; dequantized instead", layer.prefix
+        )
     return DenseKernel(method.dequantize(layer).to(device=device, dtype=layer.dtype))

@@ -6,7 +6,8 @@ without double quantization, and 8-bit (LLM.int8 weights).
   weight.quant_map [16]        the code book (NF4 or FP4 values)
   weight.absmax                per block of `blocksize` weights: float32, or with
                                double quant uint8 codes decoded as
-                               nested_quant_map[code] * nested_absmax[i // nested_blocksize] + nested_offset
+                               nested_quant_map[code] * nested_absmax[i // nested_blocksize] +
+                               nested_offset
   weight.quant_state.bitsandbytes__{nf4,fp4}  uint8 JSON: blocksize, shape, dtype, ...
 W = quant_map[code] * absmax[block], returned by bitsandbytes in the state's dtype.
 8-bit: weight int8 [N, K], SCB float32 [N]; W = weight * SCB / 127 (bitsandbytes'
@@ -49,12 +50,16 @@ class BitsAndBytesScheme(QuantScheme):
         four = bool(config.get("load_in_4bit") or config.get("_load_in_4bit"))
         eight = bool(config.get("load_in_8bit") or config.get("_load_in_8bit"))
         if four == eight:
-            raise config_error("bitsandbytes", "a config that is not exactly one of load_in_4bit/8bit", config)
+            raise config_error(
+                "bitsandbytes", "a config that is not exactly one of load_in_4bit/8bit", config
+            )
         self.bits = 4 if four else 8
         if four:
             self.quant_type = str(config.get("bnb_4bit_quant_type", "fp4"))
             if self.quant_type not in ("nf4", "fp4"):
-                raise config_error("bitsandbytes", f"bnb_4bit_quant_type {self.quant_type!r}", config)
+                raise config_error(
+                    "bitsandbytes", f"bnb_4bit_quant_type {self.quant_type!r}", config
+                )
             storage = str(config.get("bnb_4bit_quant_storage", "uint8"))
             if storage != "uint8":
                 raise config_error("bitsandbytes", f"bnb_4bit_quant_storage {storage!r}", config)
@@ -76,8 +81,12 @@ class BnB4bitMethod(QuantLinearMethod):
     def create_weights(
         self, layer: nn.Module, input_size: int, output_size: int, dtype: torch.dtype
     ) -> dict[str, ParamLayout]:
-        names = ["weight", "weight.absmax", "weight.quant_map",
-                 f"weight.quant_state.bitsandbytes__{self.scheme.quant_type}"]
+        names = [
+            "weight",
+            "weight.absmax",
+            "weight.quant_map",
+            f"weight.quant_state.bitsandbytes__{self.scheme.quant_type}",
+        ]
         if self.scheme.double_quant:
             names += ["weight.nested_absmax", "weight.nested_quant_map"]
         return {n: ParamLayout(output_dim=None, stash=True) for n in names}
@@ -98,21 +107,30 @@ class BnB4bitMethod(QuantLinearMethod):
             if list(state.get("shape", [])) != shape:
                 raise ValueError(f"{where}: quant_state shape {state.get('shape')} != {shape}")
             if state.get("quant_type", self.scheme.quant_type) != self.scheme.quant_type:
-                raise ValueError(f"{where}: quant_state says {state.get('quant_type')!r}, "
-                                 f"config says {self.scheme.quant_type!r}")
+                raise ValueError(
+                    f"{where}: quant_state says {state.get('quant_type')!r}, "
+                    f"config says {self.scheme.quant_type!r}"
+                )
             if ("nested_blocksize" in state) != self.scheme.double_quant:
-                raise ValueError(f"{where}: double quantization differs from bnb_4bit_use_double_quant")
-            rows.append(self._dequant_one(state, {k: v[shard] for k, v in parts.items()}, shape, where))
+                raise ValueError(
+                    f"{where}: double quantization differs from bnb_4bit_use_double_quant"
+                )
+            rows.append(
+                self._dequant_one(state, {k: v[shard] for k, v in parts.items()}, shape, where)
+            )
         return torch.cat(rows, 0) if len(rows) > 1 else rows[0]
 
-    def _dequant_one(self, state: dict[str, Any], t: dict[str, torch.Tensor], shape: list[int],
-                     where: str) -> torch.Tensor:
+    def _dequant_one(
+        self, state: dict[str, Any], t: dict[str, torch.Tensor], shape: list[int], where: str
+    ) -> torch.Tensor:
         numel = shape[0] * shape[1]
         blocksize = int(state["blocksize"])
         blocks = -(-numel // blocksize)
         packed = t["weight"].reshape(-1).to(torch.uint8)
         if packed.numel() != -(-numel // 2):
-            raise ValueError(f"{where}: weight has {packed.numel()} bytes, expected {-(-numel // 2)}")
+            raise ValueError(
+                f"{where}: weight has {packed.numel()} bytes, expected {-(-numel // 2)}"
+            )
         codes = torch.stack((packed >> 4, packed & 15), -1).reshape(-1)[:numel].long()
         if self.scheme.double_quant:
             nested = int(state["nested_blocksize"])
@@ -148,7 +166,8 @@ class BnB8bitMethod(QuantLinearMethod):
         }
 
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
-        for shard, fmt in stashed(layer, "weight_format"):
-            if fmt.numel() != 1 or int(fmt.reshape(-1)[0]) != 0:  # 0 = "row", the only serialized one
+        for _shard, fmt in stashed(layer, "weight_format"):
+            # 0 = "row", the only serialized one
+            if fmt.numel() != 1 or int(fmt.reshape(-1)[0]) != 0:
                 raise ValueError(f"weight_format {fmt.tolist()} (only the row-major format loads)")
         return layer.weight.data.float() * layer.SCB.data[:, None] * _INV_127

@@ -75,7 +75,9 @@ def load_tokenizer(src: Path, vocab_size: int) -> Any:
             return AutoTokenizer.from_pretrained(str(src), local_files_only=True)
         except Exception as exc:  # an unreadable tokenizer is a bad checkpoint, said in one line
             raise CalibrationError(f"{src}: cannot load the tokenizer ({exc})") from None
-    logger.warning("%s has no tokenizer: calibration text is fed as bytes (mod vocab %d)", src, vocab_size)
+    logger.warning(
+        "%s has no tokenizer: calibration text is fed as bytes (mod vocab %d)", src, vocab_size
+    )
     return ByteTokenizer(vocab_size)
 
 
@@ -108,7 +110,7 @@ def build_calibration_set(
     eval_len = eval_len or min(seq_len, 256)
     n = len(token_ids)
     held = max(int(n * HELD_OUT_FRACTION), min(eval_len, n // 2))
-    head, tail = token_ids[: n - held], token_ids[n - held:]
+    head, tail = token_ids[: n - held], token_ids[n - held :]
     if len(head) < seq_len or len(tail) < 16:
         need = int((seq_len + 16) / (1 - HELD_OUT_FRACTION)) + 1
         raise CalibrationError(
@@ -122,11 +124,17 @@ def build_calibration_set(
     else:  # a short corpus: overlapping windows at seeded random offsets
         rng = random.Random(seed)
         starts = sorted(rng.randrange(0, len(head) - body + 1) for _ in range(num_samples))
-        logger.info("calibration: %d tokens < %d x %d; sampling overlapping windows",
-                    len(head), num_samples, body)
-    samples = [prefix + head[s:s + body] for s in starts]
+        logger.info(
+            "calibration: %d tokens < %d x %d; sampling overlapping windows",
+            len(head),
+            num_samples,
+            body,
+        )
+    samples = [prefix + head[s : s + body] for s in starts]
     ebody = min(eval_len, len(tail) + len(prefix)) - len(prefix)
-    held_out = [prefix + tail[i:i + ebody] for i in range(0, len(tail) - ebody + 1, ebody)][:eval_samples]
+    held_out = [prefix + tail[i : i + ebody] for i in range(0, len(tail) - ebody + 1, ebody)][
+        :eval_samples
+    ]
     return CalibrationSet(samples, held_out, n)
 
 
@@ -168,20 +176,40 @@ def decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
 
 def layer_parts(layer: nn.Module, prefix: str) -> LayerParts:
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-    norm1, norm2 = getattr(layer, "input_layernorm", None), getattr(layer, "post_attention_layernorm", None)
+    norm1, norm2 = (
+        getattr(layer, "input_layernorm", None),
+        getattr(layer, "post_attention_layernorm", None),
+    )
     if attn is None or mlp is None or norm1 is None or norm2 is None:
         raise CalibrationError(f"{prefix}: not a Llama-style decoder layer")
-    if hasattr(layer, "post_feedforward_layernorm"):  # Gemma 3, EXAONE 4: norms on the branch outputs
-        raise CalibrationError(f"{prefix}: norms around the branches (Gemma 3 / EXAONE 4 layout) are not "
-                               "supported by calibrated conversion yet; quantize such models to GGUF instead")
+    if hasattr(
+        layer, "post_feedforward_layernorm"
+    ):  # Gemma 3, EXAONE 4: norms on the branch outputs
+        raise CalibrationError(
+            f"{prefix}: norms around the branches (Gemma 3 / EXAONE 4 layout) are not "
+            "supported by calibrated conversion yet; quantize such models to GGUF instead"
+        )
     if hasattr(attn, "qkv_proj"):
         qkv = {"qkv_proj": attn.qkv_proj}
     else:
         qkv = {n: getattr(attn, n) for n in ("q_proj", "k_proj", "v_proj")}
-    gate_up = {"gate_up_proj": mlp.gate_up_proj} if hasattr(mlp, "gate_up_proj") else \
-        {n: getattr(mlp, n) for n in ("gate_proj", "up_proj")}
-    parts = LayerParts(layer, prefix, attn, mlp, norm1, norm2, qkv, ("o_proj", attn.o_proj),
-                       gate_up, ("down_proj", mlp.down_proj))
+    gate_up = (
+        {"gate_up_proj": mlp.gate_up_proj}
+        if hasattr(mlp, "gate_up_proj")
+        else {n: getattr(mlp, n) for n in ("gate_proj", "up_proj")}
+    )
+    parts = LayerParts(
+        layer,
+        prefix,
+        attn,
+        mlp,
+        norm1,
+        norm2,
+        qkv,
+        ("o_proj", attn.o_proj),
+        gate_up,
+        ("down_proj", mlp.down_proj),
+    )
     for name, mod in qkv.items():
         parts.linears[f"{prefix}.self_attn.{name}"] = mod
     parts.linears[f"{prefix}.self_attn.o_proj"] = attn.o_proj
@@ -198,7 +226,9 @@ def layer_parts(layer: nn.Module, prefix: str) -> LayerParts:
 
 
 @contextmanager
-def input_hooks(modules: dict[str, nn.Module], fn: Callable[[str, torch.Tensor], None]) -> Iterator[None]:
+def input_hooks(
+    modules: dict[str, nn.Module], fn: Callable[[str, torch.Tensor], None]
+) -> Iterator[None]:
     """Call fn(name, input) for the first positional input of each module while active."""
     handles = [
         m.register_forward_pre_hook(lambda mod, args, _n=name: fn(_n, args[0].detach()))
@@ -236,7 +266,7 @@ class LayerwiseRunner:
 
         handle = self.layers[0].register_forward_pre_hook(catch, with_kwargs=True)
         try:
-            batches = [samples[i:i + batch_size] for i in range(0, len(samples), batch_size)]
+            batches = [samples[i : i + batch_size] for i in range(0, len(samples), batch_size)]
             for batch in tqdm(batches, desc="calibration: embed", leave=False):
                 ids = torch.tensor(batch, dtype=torch.long)
                 try:
@@ -262,7 +292,9 @@ class LayerwiseRunner:
                 self.hidden[b] = out.detach()
 
     @torch.no_grad()
-    def run_module(self, module: nn.Module, inputs: list[torch.Tensor], attn: bool) -> list[torch.Tensor]:
+    def run_module(
+        self, module: nn.Module, inputs: list[torch.Tensor], attn: bool
+    ) -> list[torch.Tensor]:
         """Run a sub-module of a layer (self_attn with the layer's kwargs, or an MLP/linear)."""
         outs = []
         for x, kw in zip(inputs, self.kwargs):

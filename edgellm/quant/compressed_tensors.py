@@ -54,34 +54,57 @@ class _Group:
     strategy: str  # "group" | "channel" | "tensor"
     group_size: int | None
     has_g_idx: bool
-    activations: str | None  # None (weight-only) | "token" (dynamic) | "tensor" (static input_scale)
+    activations: (
+        str | None
+    )  # None (weight-only) | "token" (dynamic) | "tensor" (static input_scale)
 
     def targets_linear(self, name: str) -> bool:
         return "Linear" in self.targets or matches_any(name, self.targets)
 
 
-def _parse_group(name: str, group: dict[str, Any], top_format: str | None, config: dict[str, Any]) -> _Group:
+def _parse_group(
+    name: str, group: dict[str, Any], top_format: str | None, config: dict[str, Any]
+) -> _Group:
     fmt = group.get("format") or top_format
     w = group.get("weights")
     if not w:
-        raise config_error("compressed-tensors", f"group {name!r} without weight quantization", config)
+        raise config_error(
+            "compressed-tensors", f"group {name!r} without weight quantization", config
+        )
     if group.get("output_activations"):
-        raise config_error("compressed-tensors", f"group {name!r}: output activation quantization", config)
+        raise config_error(
+            "compressed-tensors", f"group {name!r}: output activation quantization", config
+        )
     wtype, bits, strategy = w.get("type", "int"), w.get("num_bits"), w.get("strategy")
     if w.get("dynamic"):
-        raise config_error("compressed-tensors", f"group {name!r}: dynamic weight quantization", config)
-    expected = {"pack-quantized": (("int", 4), ("int", 8)), "int-quantized": (("int", 8),),
-                "float-quantized": (("float", 8),)}
+        raise config_error(
+            "compressed-tensors", f"group {name!r}: dynamic weight quantization", config
+        )
+    expected = {
+        "pack-quantized": (("int", 4), ("int", 8)),
+        "int-quantized": (("int", 8),),
+        "float-quantized": (("float", 8),),
+    }
     if fmt not in expected:
-        raise config_error("compressed-tensors", f"format {fmt!r} (supported: {', '.join(expected)})", config)
+        raise config_error(
+            "compressed-tensors", f"format {fmt!r} (supported: {', '.join(expected)})", config
+        )
     if (wtype, bits) not in expected[fmt]:
-        raise config_error("compressed-tensors", f"group {name!r}: {bits}-bit {wtype} weights in {fmt!r}", config)
+        raise config_error(
+            "compressed-tensors", f"group {name!r}: {bits}-bit {wtype} weights in {fmt!r}", config
+        )
     allowed = ("group", "channel") if fmt == "pack-quantized" else ("channel", "tensor")
     if strategy not in allowed:
-        raise config_error("compressed-tensors", f"group {name!r}: weight strategy {strategy!r} for {fmt!r}", config)
+        raise config_error(
+            "compressed-tensors",
+            f"group {name!r}: weight strategy {strategy!r} for {fmt!r}",
+            config,
+        )
     symmetric = bool(w.get("symmetric", True))
     if not symmetric and fmt != "pack-quantized":
-        raise config_error("compressed-tensors", f"group {name!r}: asymmetric {fmt!r} weights", config)
+        raise config_error(
+            "compressed-tensors", f"group {name!r}: asymmetric {fmt!r} weights", config
+        )
     actorder = w.get("actorder")
     if actorder not in (None, False, True, "static", "weight", "group"):
         raise config_error("compressed-tensors", f"group {name!r}: actorder {actorder!r}", config)
@@ -89,9 +112,15 @@ def _parse_group(name: str, group: dict[str, Any], top_format: str | None, confi
     activations = None
     if acts:
         if fmt == "pack-quantized":
-            raise config_error("compressed-tensors", f"group {name!r}: activation quantization with int4", config)
-        if (acts.get("type", "int"), acts.get("num_bits")) != (wtype, 8) or not acts.get("symmetric", True):
-            raise config_error("compressed-tensors", f"group {name!r}: input activations {acts}", config)
+            raise config_error(
+                "compressed-tensors", f"group {name!r}: activation quantization with int4", config
+            )
+        if (acts.get("type", "int"), acts.get("num_bits")) != (wtype, 8) or not acts.get(
+            "symmetric", True
+        ):
+            raise config_error(
+                "compressed-tensors", f"group {name!r}: input activations {acts}", config
+            )
         if acts.get("dynamic") and acts.get("strategy") == "token":
             activations = "token"
         elif not acts.get("dynamic") and acts.get("strategy") == "tensor":
@@ -105,10 +134,20 @@ def _parse_group(name: str, group: dict[str, Any], top_format: str | None, confi
             )
     group_size = w.get("group_size") if strategy == "group" else None
     if strategy == "group" and (not isinstance(group_size, int) or group_size <= 0):
-        raise config_error("compressed-tensors", f"group {name!r}: group_size {group_size!r}", config)
+        raise config_error(
+            "compressed-tensors", f"group {name!r}: group_size {group_size!r}", config
+        )
     targets = tuple(group.get("targets") or ())
-    return _Group(targets, fmt, int(bits), symmetric, strategy, group_size,
-                  actorder in (True, "group") and fmt == "pack-quantized", activations)
+    return _Group(
+        targets,
+        fmt,
+        int(bits),
+        symmetric,
+        strategy,
+        group_size,
+        actorder in (True, "group") and fmt == "pack-quantized",
+        activations,
+    )
 
 
 class CompressedTensorsScheme(QuantScheme):
@@ -118,7 +157,9 @@ class CompressedTensorsScheme(QuantScheme):
         super().__init__(cpu_kernels)
         status = config.get("quantization_status", "compressed")
         if status != "compressed":
-            raise config_error("compressed-tensors", f"quantization_status {status!r} (compressed only)", config)
+            raise config_error(
+                "compressed-tensors", f"quantization_status {status!r} (compressed only)", config
+            )
         for key in ("sparsity_config", "transform_config"):
             if config.get(key):
                 raise config_error("compressed-tensors", key, config)
@@ -138,13 +179,18 @@ class CompressedTensorsScheme(QuantScheme):
     def quantized_method(self, prefix: str, checkpoint_names: Sequence[str]) -> LinearMethod:
         found = {self._group(n) for n in checkpoint_names}
         if len(found) > 1:
-            raise ValueError(f"compressed-tensors: {', '.join(checkpoint_names)} (fused into {prefix}) "
-                             f"belong to different config groups")
+            raise ValueError(
+                f"compressed-tensors: {', '.join(checkpoint_names)} (fused into {prefix}) "
+                f"belong to different config groups"
+            )
         group = found.pop()
         if group is None:
             return UnquantizedLinearMethod()  # targeted by no group
-        cls = {"pack-quantized": PackedMethod, "int-quantized": Int8Method,
-               "float-quantized": FP8Method}[group.format]
+        cls = {
+            "pack-quantized": PackedMethod,
+            "int-quantized": Int8Method,
+            "float-quantized": FP8Method,
+        }[group.format]
         return cls(self, group)
 
 
@@ -172,8 +218,10 @@ class PackedMethod(_CTMethod):
         gs = self.group.group_size or input_size
         per_word = 32 // self.group.num_bits
         if input_size % per_word or (not self.group.symmetric and output_size % per_word):
-            raise ValueError(f"compressed-tensors {self.group.num_bits}-bit: {layer.prefix} ({input_size} "
-                             f"inputs, {output_size} outputs) does not pack into {per_word} codes per word")
+            raise ValueError(
+                f"compressed-tensors {self.group.num_bits}-bit: {layer.prefix} ({input_size} "
+                f"inputs, {output_size} outputs) does not pack into {per_word} codes per word"
+            )
         self.group_size, self.groups = gs, -(-input_size // gs)
         empty_param(layer, "weight_packed", (output_size, input_size // per_word), torch.int32)
         empty_param(layer, "weight_scale", (output_size, self.groups), torch.float32)
@@ -183,7 +231,9 @@ class PackedMethod(_CTMethod):
             "weight_shape": ParamLayout(output_dim=None, stash=True),
         }
         if not self.group.symmetric:
-            empty_param(layer, "weight_zero_point", (output_size // per_word, self.groups), torch.int32)
+            empty_param(
+                layer, "weight_zero_point", (output_size // per_word, self.groups), torch.int32
+            )
             layouts["weight_zero_point"] = ParamLayout(output_dim=0, pack_factor=per_word)
         if self.group.has_g_idx:
             layouts["weight_g_idx"] = ParamLayout(output_dim=None, stash=True)
@@ -194,8 +244,10 @@ class PackedMethod(_CTMethod):
         for shard, shape in stashed(layer, "weight_shape"):
             start, end = ranges[shard]
             if [int(v) for v in shape.flatten()] != [end - start, layer.input_size]:
-                raise ValueError(f"weight_shape{'[' + shard + ']' if shard else ''} says "
-                                 f"{shape.tolist()}, expected {[end - start, layer.input_size]}")
+                raise ValueError(
+                    f"weight_shape{'[' + shard + ']' if shard else ''} says "
+                    f"{shape.tolist()}, expected {[end - start, layer.input_size]}"
+                )
         bits = self.group.num_bits
         q = _unpack(layer.weight_packed.data, bits, 1)
         z = None if self.group.symmetric else _unpack(layer.weight_zero_point.data, bits, 0)
@@ -293,5 +345,11 @@ class FP8Method(_Float8Or8BitMethod):
     weight_dtype = torch.float8_e4m3fn
 
     def build(self, layer: nn.Module):
-        return FP8Kernel(layer.weight.data, self.weight_scale(layer), self.segments(layer),
-                         self.group.activations, layer.device, layer.dtype)
+        return FP8Kernel(
+            layer.weight.data,
+            self.weight_scale(layer),
+            self.segments(layer),
+            self.group.activations,
+            layer.device,
+            layer.dtype,
+        )

@@ -46,10 +46,10 @@ from edgellm.quant import calibration as calib
 from edgellm.quant.convert_source import (
     CONVERT_ARCHS,
     ConvertError,
-    safetensors_files,
     check_source_config,
     gguf_to_hf,
     resolve_source,
+    safetensors_files,
 )
 from edgellm.quant.export import (
     Scheme,
@@ -62,8 +62,16 @@ from edgellm.quant.qparams import FP8Weight, IntWeight, round_scale
 from edgellm.quant.quality import compare, copy_side_files, open_quantized, weights_size
 from edgellm.quant.quantize_pass import quantize_model
 
-__all__ = ["ConvertError", "ConvertOptions", "convert", "add_convert_parser", "main", "gguf_to_hf",
-           "resolve_source", "CONVERT_ARCHS"]
+__all__ = [
+    "ConvertError",
+    "ConvertOptions",
+    "convert",
+    "add_convert_parser",
+    "main",
+    "gguf_to_hf",
+    "resolve_source",
+    "CONVERT_ARCHS",
+]
 
 logger = logging.getLogger("edgellm.convert")
 
@@ -73,7 +81,9 @@ SCHEMES: dict[str, Scheme] = {
         Scheme("w4a16-gptq", "int", "gptq", 4, True, 128, actorder="static"),
         Scheme("w4a16-awq", "int", "awq", 4, False, 128),
         Scheme("w4a16-rtn", "int", "rtn", 4, True, 128),
-        Scheme("w8a8-int8", "int", "smoothquant+gptq", 8, True, -1, "int8-token", actorder="static"),
+        Scheme(
+            "w8a8-int8", "int", "smoothquant+gptq", 8, True, -1, "int8-token", actorder="static"
+        ),
         Scheme("w8a16-int8", "int", "gptq", 8, True, -1, actorder="static"),
         Scheme("fp8-dynamic", "fp8", "minmax", 8, True, -1, "fp8-token", fp8_per_channel=True),
         Scheme("fp8-static", "fp8", "minmax", 8, True, -1, "fp8-static", fp8_per_channel=False),
@@ -117,14 +127,18 @@ class ConvertOptions:
 def resolve_scheme(opts: ConvertOptions) -> Scheme:
     name = SCHEME_ALIASES.get(opts.scheme, opts.scheme)
     if name not in SCHEMES:
-        raise ConvertError(f"unsupported scheme {opts.scheme!r}; choose one of {', '.join(SCHEMES)}, rtn")
+        raise ConvertError(
+            f"unsupported scheme {opts.scheme!r}; choose one of {', '.join(SCHEMES)}, rtn"
+        )
     s = SCHEMES[name]
     changes: dict[str, Any] = {}
     if opts.group_size is not None:
         if s.kind == "fp8" or s.activations == "int8-token":
             raise ConvertError(f"--group-size does not apply to {name} (per-channel/tensor scales)")
         if opts.group_size == 0 or opts.group_size < -1:
-            raise ConvertError("--group-size must be positive, or -1 for one scale per output channel")
+            raise ConvertError(
+                "--group-size must be positive, or -1 for one scale per output channel"
+            )
         changes["group_size"] = opts.group_size
     if opts.symmetric is not None:
         if s.kind == "fp8" or s.activations:
@@ -139,9 +153,13 @@ def resolve_scheme(opts: ConvertOptions) -> Scheme:
         raise ConvertError(f"unknown --format {opts.format!r} (compressed-tensors, awq, gptq)")
     if opts.format != "compressed-tensors":
         if s.kind != "int" or s.bits != 4:
-            raise ConvertError(f"--format {opts.format} holds int4 weights only; {name} is not int4")
+            raise ConvertError(
+                f"--format {opts.format} holds int4 weights only; {name} is not int4"
+            )
         if opts.kv_cache_dtype == "fp8":
-            raise ConvertError(f"--kv-cache-dtype fp8 needs the compressed-tensors format, not {opts.format}")
+            raise ConvertError(
+                f"--kv-cache-dtype fp8 needs the compressed-tensors format, not {opts.format}"
+            )
         if opts.format == "awq":
             if s.symmetric and opts.symmetric is not None:
                 raise ConvertError("--format awq is always asymmetric (zero_point); drop --sym")
@@ -151,8 +169,10 @@ def resolve_scheme(opts: ConvertOptions) -> Scheme:
         if s.group_size <= 0:
             raise ConvertError(f"--format {opts.format} needs a positive --group-size")
     if opts.format == "compressed-tensors" and s.actorder == "group":
-        raise ConvertError("--actorder group (g_idx) is not loadable as compressed-tensors (removed in 0.20); "
-                           "use --actorder static, or --format gptq (desc_act)")
+        raise ConvertError(
+            "--actorder group (g_idx) is not loadable as compressed-tensors (removed in 0.20); "
+            "use --actorder static, or --format gptq (desc_act)"
+        )
     if opts.kv_cache_dtype not in ("auto", "fp8"):
         raise ConvertError("--kv-cache-dtype must be auto or fp8")
     if opts.num_samples < 1 or opts.seq_len < 8:
@@ -197,15 +217,22 @@ def check_shapes(linears: dict[str, nn.Linear], scheme: Scheme, fmt: str) -> Non
         if scheme.kind == "int" and scheme.bits == 8 and not scheme.activations and k % 4:
             raise ConvertError(f"{name}: input dim {k} is not a multiple of 4 (int8 packing)")
         if (fmt in ("awq", "gptq") or not scheme.symmetric) and n % 8:
-            raise ConvertError(f"{name}: output dim {n} is not a multiple of 8 (packed zero points)")
+            raise ConvertError(
+                f"{name}: output dim {n} is not a multiple of 8 (packed zero points)"
+            )
 
 
 # -- writing ---------------------------------------------------------------------------
 
 
 def build_state_dict(
-    model: nn.Module, src: Path, results: dict[str, IntWeight | FP8Weight], scheme: Scheme, fmt: str,
-    dtype: torch.dtype, kv: dict[str, tuple[float, float]],
+    model: nn.Module,
+    src: Path,
+    results: dict[str, IntWeight | FP8Weight],
+    scheme: Scheme,
+    fmt: str,
+    dtype: torch.dtype,
+    kv: dict[str, tuple[float, float]],
 ) -> dict[str, torch.Tensor]:
     from safetensors import safe_open
 
@@ -226,21 +253,34 @@ def build_state_dict(
                         done.add(module)
                         continue
                     if param != "bias":
-                        raise ConvertError(f"{src}: unexpected tensor {name!r} on a quantized linear")
+                        raise ConvertError(
+                            f"{src}: unexpected tensor {name!r} on a quantized linear"
+                        )
                 t = state[name] if name in state else h.get_tensor(name)
                 out[name] = (t.to(dtype) if t.is_floating_point() else t).detach().contiguous()
     missing = set(results) - done
     if missing:
-        raise ConvertError(f"{src}: the checkpoint does not store {sorted(missing)[0]}.weight under that name")
+        raise ConvertError(
+            f"{src}: the checkpoint does not store {sorted(missing)[0]}.weight under that name"
+        )
     for attn, (k_max, v_max) in kv.items():
-        out[f"{attn}.k_scale"] = round_scale(torch.tensor([max(k_max, 1e-6) / FP8_MAX]), dtype).to(dtype)
-        out[f"{attn}.v_scale"] = round_scale(torch.tensor([max(v_max, 1e-6) / FP8_MAX]), dtype).to(dtype)
+        out[f"{attn}.k_scale"] = round_scale(torch.tensor([max(k_max, 1e-6) / FP8_MAX]), dtype).to(
+            dtype
+        )
+        out[f"{attn}.v_scale"] = round_scale(torch.tensor([max(v_max, 1e-6) / FP8_MAX]), dtype).to(
+            dtype
+        )
     return out
 
 
 def write_checkpoint(
-    tmp: Path, src: Path, config: dict[str, Any], state: dict[str, torch.Tensor], qc: dict[str, Any],
-    dtype: torch.dtype, fmt: str,
+    tmp: Path,
+    src: Path,
+    config: dict[str, Any],
+    state: dict[str, torch.Tensor],
+    qc: dict[str, Any],
+    dtype: torch.dtype,
+    fmt: str,
 ) -> None:
     from safetensors.torch import save_file
 
@@ -257,7 +297,8 @@ def write_checkpoint(
 
 
 def _install(tmp: Path, out: Path, force: bool) -> None:
-    """Move the finished temp dir to OUT; an existing OUT (or a symlink named OUT) goes only with --force."""
+    """Move the finished temp dir to OUT; an existing OUT (or a symlink named OUT) goes only with
+    --force."""
     if out.is_symlink() or out.exists():
         if not force:
             raise ConvertError(f"{out} exists; pass --force to replace it")
@@ -277,7 +318,9 @@ def convert(opts: ConvertOptions) -> dict[str, Any]:
     t0 = time.time()
     scheme = resolve_scheme(opts)
     out = Path(opts.out).expanduser()
-    out = out.parent.resolve() / out.name  # resolve the parent only: a symlink named OUT is never followed
+    out = (
+        out.parent.resolve() / out.name
+    )  # resolve the parent only: a symlink named OUT is never followed
     if (out.exists() or out.is_symlink()) and not opts.force:
         raise ConvertError(f"{out} exists; pass --force to replace it")
     src, src_desc = resolve_source(opts.src)
@@ -291,9 +334,13 @@ def convert(opts: ConvertOptions) -> dict[str, Any]:
 
     logger.info("loading %s", src_desc)
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(
+            str(src), dtype=torch.float32, attn_implementation="sdpa"
+        )
     except Exception as exc:
-        raise ConvertError(f"{src}: transformers cannot load it ({str(exc).splitlines()[0][:200]})") from None
+        raise ConvertError(
+            f"{src}: transformers cannot load it ({str(exc).splitlines()[0][:200]})"
+        ) from None
     model.eval()
     prefix, layers = calib.decoder_layers(model)
     linears: dict[str, nn.Linear] = {}
@@ -307,12 +354,21 @@ def convert(opts: ConvertOptions) -> dict[str, Any]:
     text = calib.read_text(opts.calib)
     ids = calib.encode(tokenizer, text)
     bos = getattr(tokenizer, "bos_token_id", None)
-    cset = calib.build_calibration_set(ids, opts.num_samples, opts.seq_len, opts.eval_samples,
-                                       bos_id=bos, seed=opts.seed, source=opts.calib or "the shipped corpus")
+    cset = calib.build_calibration_set(
+        ids,
+        opts.num_samples,
+        opts.seq_len,
+        opts.eval_samples,
+        bos_id=bos,
+        seed=opts.seed,
+        source=opts.calib or "the shipped corpus",
+    )
     needs_samples = scheme.needs_calibration or opts.kv_cache_dtype == "fp8"
     t_quant = time.time()
     with torch.no_grad():
-        results, kv = quantize_model(model, scheme, opts, cset.samples if needs_samples else None, dtype, skip)
+        results, kv = quantize_model(
+            model, scheme, opts, cset.samples if needs_samples else None, dtype, skip
+        )
     quant_seconds = time.time() - t_quant
 
     if opts.format == "awq":
@@ -338,15 +394,25 @@ def convert(opts: ConvertOptions) -> dict[str, Any]:
             "algorithm": scheme.algorithm,
             "format": opts.format,
             "quant_method": qc.get("quant_method"),
-            "weights": {"bits": scheme.bits, "symmetric": scheme.symmetric, "group_size": scheme.group_size,
-                        "actorder": scheme.actorder},
+            "weights": {
+                "bits": scheme.bits,
+                "symmetric": scheme.symmetric,
+                "group_size": scheme.group_size,
+                "actorder": scheme.actorder,
+            },
             "kv_cache_dtype": opts.kv_cache_dtype,
-            "calibration": {"text": opts.calib or "edgellm/data/calibration.txt", "tokens": cset.total_tokens,
-                            "num_samples": len(cset.samples) if needs_samples else 0, "seq_len": opts.seq_len},
+            "calibration": {
+                "text": opts.calib or "edgellm/data/calibration.txt",
+                "tokens": cset.total_tokens,
+                "num_samples": len(cset.samples) if needs_samples else 0,
+                "seq_len": opts.seq_len,
+            },
             "size_bytes": {"source": weights_size(src), "quantized": weights_size(tmp)},
             "quantize_seconds": round(quant_seconds, 2),
         }
-        report["size_bytes"]["ratio"] = report["size_bytes"]["quantized"] / report["size_bytes"]["source"]
+        report["size_bytes"]["ratio"] = (
+            report["size_bytes"]["quantized"] / report["size_bytes"]["source"]
+        )
         if opts.evaluate and cset.held_out:
             max_len = max(len(w) for w in cset.held_out) + 8
             src_llm = _open_src_llm(src, max_len)
@@ -354,9 +420,12 @@ def convert(opts: ConvertOptions) -> dict[str, Any]:
             report["eval_path"] = path
             if path == "dequantized":
                 report["eval_note"] = (
-                    "edgellm's engine cannot load this format yet: the checkpoint was read back from disk "
-                    "to float32 and that was evaluated (weight quantization exact; activation and KV-cache "
-                    "quantization not simulated)")
+                    "edgellm's engine cannot load this format yet: the checkpoint was read back "
+                    "from disk "
+                    "to float32 and that was evaluated (weight quantization exact; activation and "
+                    "KV-cache "
+                    "quantization not simulated)"
+                )
             report.update(compare(src_llm, q_llm, cset.held_out))
             del src_llm, q_llm
         report["total_seconds"] = round(time.time() - t0, 2)
@@ -382,22 +451,33 @@ def _open_src_llm(src: Path, max_len: int) -> Any:
 def format_report(r: dict[str, Any]) -> str:
     lines = [f"{r['scheme']} ({r['algorithm']}, {r['format']}) -> {r['output']}"]
     size = r["size_bytes"]
-    lines.append(f"  size: {size['source'] / 2**20:.1f} MiB -> {size['quantized'] / 2**20:.1f} MiB "
-                 f"({size['ratio']:.2f}x)")
+    lines.append(
+        f"  size: {size['source'] / 2**20:.1f} MiB -> {size['quantized'] / 2**20:.1f} MiB "
+        f"({size['ratio']:.2f}x)"
+    )
     if "perplexity_source" in r:
-        lines.append(f"  perplexity (held-out, {r['eval_tokens']} tokens, {r['eval_path']}): "
-                     f"{r['perplexity_source']:.3f} -> {r['perplexity_quantized']:.3f} "
-                     f"({100 * r['perplexity_relative_change']:+.2f}%)")
-        lines.append(f"  logits: relative error {r['logit_relative_error']:.4f}, "
-                     f"KL {r['mean_kl_divergence']:.5f}, top-1 agreement {100 * r['top1_agreement']:.1f}%")
-    lines.append(f"  time: quantize {r['quantize_seconds']:.1f} s, total {r['total_seconds']:.1f} s")
+        lines.append(
+            f"  perplexity (held-out, {r['eval_tokens']} tokens, {r['eval_path']}): "
+            f"{r['perplexity_source']:.3f} -> {r['perplexity_quantized']:.3f} "
+            f"({100 * r['perplexity_relative_change']:+.2f}%)"
+        )
+        lines.append(
+            f"  logits: relative error {r['logit_relative_error']:.4f}, "
+            f"KL {r['mean_kl_divergence']:.5f}, top-1 agreement {100 * r['top1_agreement']:.1f}%"
+        )
+    lines.append(
+        f"  time: quantize {r['quantize_seconds']:.1f} s, total {r['total_seconds']:.1f} s"
+    )
     return "\n".join(lines)
 
 
 def add_convert_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "convert", help="quantize an HF checkpoint (GPTQ, AWQ, SmoothQuant, FP8) with a quality report",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "convert",
+        help="quantize an HF checkpoint (GPTQ, AWQ, SmoothQuant, FP8) with a quality report",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _add_arguments(p)
     p.set_defaults(func=cmd_convert)
     return p
@@ -407,23 +487,43 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", help="HF safetensors directory, a .gguf file, or 'default'")
     p.add_argument("out", help="output directory (refused if it exists, unless --force)")
     p.add_argument("--scheme", required=True, help=", ".join([*SCHEMES, "rtn"]))
-    p.add_argument("--calib", default=None, help="calibration text file (default: the shipped corpus)")
+    p.add_argument(
+        "--calib", default=None, help="calibration text file (default: the shipped corpus)"
+    )
     p.add_argument("--num-samples", type=int, default=DEFAULT_NUM_SAMPLES)
     p.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN)
-    p.add_argument("--group-size", type=int, default=None, help="int weights: 128 by default; -1: per channel")
+    p.add_argument(
+        "--group-size", type=int, default=None, help="int weights: 128 by default; -1: per channel"
+    )
     sym = p.add_mutually_exclusive_group()
     sym.add_argument("--sym", dest="symmetric", action="store_const", const=True, default=None)
     sym.add_argument("--asym", dest="symmetric", action="store_const", const=False)
-    p.add_argument("--actorder", default="default", choices=["default", "none", "static", "group"],
-                   help="GPTQ column order (default: static, as llm-compressor)")
-    p.add_argument("--ignore", action="append", default=None,
-                   help="module name or 're:REGEX' to leave unquantized (repeatable; lm_head always)")
+    p.add_argument(
+        "--actorder",
+        default="default",
+        choices=["default", "none", "static", "group"],
+        help="GPTQ column order (default: static, as llm-compressor)",
+    )
+    p.add_argument(
+        "--ignore",
+        action="append",
+        default=None,
+        help="module name or 're:REGEX' to leave unquantized (repeatable; lm_head always)",
+    )
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
-    p.add_argument("--format", default="compressed-tensors", choices=["compressed-tensors", "awq", "gptq"])
-    p.add_argument("--dtype", default="auto", help="scales and unquantized tensors: auto | float16 | bfloat16")
-    p.add_argument("--damp", type=float, default=0.01, help="GPTQ dampening (fraction of mean diag H)")
+    p.add_argument(
+        "--format", default="compressed-tensors", choices=["compressed-tensors", "awq", "gptq"]
+    )
+    p.add_argument(
+        "--dtype", default="auto", help="scales and unquantized tensors: auto | float16 | bfloat16"
+    )
+    p.add_argument(
+        "--damp", type=float, default=0.01, help="GPTQ dampening (fraction of mean diag H)"
+    )
     p.add_argument("--smoothing-strength", type=float, default=0.8, help="SmoothQuant alpha")
-    p.add_argument("--no-eval", dest="evaluate", action="store_false", help="skip the perplexity report")
+    p.add_argument(
+        "--no-eval", dest="evaluate", action="store_false", help="skip the perplexity report"
+    )
     p.add_argument("--eval-samples", type=int, default=16)
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
 
@@ -431,11 +531,23 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 def cmd_convert(args: argparse.Namespace) -> int:
     ignore = ["lm_head", *(args.ignore or [])]
     opts = ConvertOptions(
-        src=args.src, out=args.out, scheme=args.scheme, calib=args.calib, num_samples=args.num_samples,
-        seq_len=args.seq_len, group_size=args.group_size, symmetric=args.symmetric,
-        actorder=None if args.actorder == "none" else args.actorder, ignore=tuple(dict.fromkeys(ignore)),
-        kv_cache_dtype=args.kv_cache_dtype, format=args.format, force=args.force, dtype=args.dtype,
-        damp=args.damp, smoothing_strength=args.smoothing_strength, evaluate=args.evaluate,
+        src=args.src,
+        out=args.out,
+        scheme=args.scheme,
+        calib=args.calib,
+        num_samples=args.num_samples,
+        seq_len=args.seq_len,
+        group_size=args.group_size,
+        symmetric=args.symmetric,
+        actorder=None if args.actorder == "none" else args.actorder,
+        ignore=tuple(dict.fromkeys(ignore)),
+        kv_cache_dtype=args.kv_cache_dtype,
+        format=args.format,
+        force=args.force,
+        dtype=args.dtype,
+        damp=args.damp,
+        smoothing_strength=args.smoothing_strength,
+        evaluate=args.evaluate,
         eval_samples=args.eval_samples,
     )
     previous = None
@@ -462,12 +574,17 @@ def _sigterm(signum: int, frame: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="edgellm convert", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="edgellm convert",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _add_arguments(parser)
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         return cmd_convert(args)
     except (ValueError, OSError) as exc:

@@ -42,13 +42,22 @@ def gguf_to_hf(gguf_path: Path, out_dir: Path, dtype: torch.dtype = torch.float1
     cfg.pop("torch_dtype", None)
     cfg.pop("quantization_config", None)  # the output is dequantized: a float checkpoint
     classes = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
-    cfg.update(architectures=[classes[cfg["model_type"]]], hidden_act="silu",
-               dtype=str(dtype).removeprefix("torch."), rope_parameters=None)
+    cfg.update(
+        architectures=[classes[cfg["model_type"]]],
+        hidden_act="silu",
+        dtype=str(dtype).removeprefix("torch."),
+        rope_parameters=None,
+    )
     cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": cfg.pop("rope_theta")}
     if "rope_scaling" in cfg:
         cfg["rope_parameters"].update(cfg.pop("rope_scaling"))
     tensors = {}
-    for name, t in tqdm(ckpt.tensors(keep_quantized=False), desc="dequantize gguf", total=len(ckpt.reader.tensors), leave=False):
+    for name, t in tqdm(
+        ckpt.tensors(keep_quantized=False),
+        desc="dequantize gguf",
+        total=len(ckpt.reader.tensors),
+        leave=False,
+    ):
         if name == "lm_head.weight" and cfg["tie_word_embeddings"]:
             continue
         tensors[name] = t.to(dtype).contiguous()
@@ -75,7 +84,9 @@ def resolve_source(src: str) -> tuple[Path, str]:
         if not path.is_file():
             raise ConvertError(f"{src}: GGUF file not found")
         st = path.stat()
-        key = hashlib.sha256(f"v3|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+        key = hashlib.sha256(
+            f"v3|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()
+        ).hexdigest()[:16]
         cached = _cache_dir() / "gguf-hf" / key
         if not (cached / "model.safetensors").is_file():
             cached.parent.mkdir(parents=True, exist_ok=True)
@@ -89,9 +100,13 @@ def resolve_source(src: str) -> tuple[Path, str]:
         return cached, f"{path.name} (GGUF dequantized to fp16)"
     path = Path(src).expanduser()
     if not path.is_dir():
-        raise ConvertError(f"{src}: not a checkpoint (give an HF directory, a .gguf file or 'default')")
+        raise ConvertError(
+            f"{src}: not a checkpoint (give an HF directory, a .gguf file or 'default')"
+        )
     if not (path / "config.json").is_file() or not safetensors_files(path):
-        raise ConvertError(f"{src}: not an HF checkpoint (needs config.json and *.safetensors weights)")
+        raise ConvertError(
+            f"{src}: not an HF checkpoint (needs config.json and *.safetensors weights)"
+        )
     return path, str(path)
 
 
@@ -114,5 +129,8 @@ def check_source_config(src: Path) -> dict[str, Any]:
     except ValueError as exc:
         raise ConvertError(str(exc)) from None
     if arch.name not in CONVERT_ARCHS:
-        raise ConvertError(f"unsupported architecture for convert: {arch.name} (supported: {', '.join(CONVERT_ARCHS)})")
+        raise ConvertError(
+            f"unsupported architecture for convert: {arch.name} (supported: "
+            f"{', '.join(CONVERT_ARCHS)})"
+        )
     return config

@@ -52,7 +52,9 @@ class Scheme:
 
     @property
     def needs_calibration(self) -> bool:
-        return self.algorithm != "rtn" and not (self.kind == "fp8" and self.activations != "fp8-static")
+        return self.algorithm != "rtn" and not (
+            self.kind == "fp8" and self.activations != "fp8-static"
+        )
 
 
 # -- 8-bit packing (compressed-tensors pack-quantized, num_bits 8) ------------------
@@ -122,12 +124,16 @@ def ct_quantization_config(scheme: Scheme, ignore: list[str], kv_cache_fp8: bool
             inputs = _ct_args(8, "float", "token", dynamic=True, observer=None)
     else:
         if scheme.group_size > 0:
-            weights = _ct_args(scheme.bits, "int", "group", scheme.symmetric, scheme.group_size,
-                               actorder=actorder)
+            weights = _ct_args(
+                scheme.bits, "int", "group", scheme.symmetric, scheme.group_size, actorder=actorder
+            )
         else:
             weights = _ct_args(scheme.bits, "int", "channel", scheme.symmetric, actorder=actorder)
-        inputs = _ct_args(8, "int", "token", dynamic=True, observer=None) \
-            if scheme.activations == "int8-token" else None
+        inputs = (
+            _ct_args(8, "int", "token", dynamic=True, observer=None)
+            if scheme.activations == "int8-token"
+            else None
+        )
     kv = None
     if kv_cache_fp8:
         kv = _ct_args(8, "float", "tensor", observer="static_minmax")
@@ -184,8 +190,12 @@ def gptq_quantization_config(scheme: Scheme, damp: float) -> dict[str, Any]:
             "foem": None,
             "gc_mode": "interval",
             "gptaq": None,
-            "hessian": {"chunk_bytes": None, "chunk_size": None, "dedup_shared_inputs": True,
-                        "staging_dtype": "float32"},
+            "hessian": {
+                "chunk_bytes": None,
+                "chunk_size": None,
+                "dedup_shared_inputs": True,
+                "staging_dtype": "float32",
+            },
             "mock_quantization": False,
             "moe_vram_strategy": "exclusive",
             "moe_vram_strategy_devices": None,
@@ -250,18 +260,22 @@ def linear_tensors(
 
 
 def dequantize_module(tensors: dict[str, torch.Tensor], qc: dict[str, Any]) -> torch.Tensor | None:
-    """A quantized module's on-disk tensors -> float32 weight [N, K]; None if it is not quantized."""
+    """A quantized module's on-disk tensors -> float32 weight [N, K]; None if it is not
+    quantized."""
     method = qc.get("quant_method")
     if method == "awq":
         if "qweight" not in tensors:
             return None
-        return unpack_awq(tensors["qweight"], tensors["qzeros"], tensors["scales"], qc["group_size"])
+        return unpack_awq(
+            tensors["qweight"], tensors["qzeros"], tensors["scales"], qc["group_size"]
+        )
     if method == "gptq":
         if "qweight" not in tensors:
             return None
         gs = qc["group_size"] if qc["group_size"] > 0 else tensors["qweight"].shape[0] * 8
-        return unpack_gptq(tensors["qweight"], tensors["qzeros"], tensors["scales"],
-                           tensors.get("g_idx"), gs)
+        return unpack_gptq(
+            tensors["qweight"], tensors["qzeros"], tensors["scales"], tensors.get("g_idx"), gs
+        )
     if method != "compressed-tensors":
         raise ValueError(f"cannot read back quant_method {method!r}")
     weights = qc["config_groups"]["group_0"]["weights"]
@@ -270,8 +284,9 @@ def dequantize_module(tensors: dict[str, torch.Tensor], qc: dict[str, Any]) -> t
         scale = tensors["weight_scale"].float()
         g_idx = tensors.get("weight_g_idx")
         if bits == 4:
-            return unpack_ct_int4(tensors["weight_packed"], scale, tensors.get("weight_zero_point"),
-                                  None, g_idx)
+            return unpack_ct_int4(
+                tensors["weight_packed"], scale, tensors.get("weight_zero_point"), None, g_idx
+            )
         codes = unpack_int8_words(tensors["weight_packed"], 1)
         n, k = codes.shape
         zp = tensors.get("weight_zero_point")
@@ -289,6 +304,13 @@ def unpacked_int4_codes(packed: torch.Tensor) -> torch.Tensor:
 
 
 __all__ = [
-    "Scheme", "ct_quantization_config", "awq_quantization_config", "gptq_quantization_config",
-    "linear_tensors", "dequantize_module", "pack_int8_words", "unpack_int8_words", "pack_int4",
+    "Scheme",
+    "ct_quantization_config",
+    "awq_quantization_config",
+    "gptq_quantization_config",
+    "linear_tensors",
+    "dequantize_module",
+    "pack_int8_words",
+    "unpack_int8_words",
+    "pack_int4",
 ]

@@ -77,14 +77,17 @@ class GGUFCheckpoint:
         self.reader = _open(self.path)
         arch = _field(self.reader, "general.architecture")
         if arch not in ARCHES:
-            raise GGUFError(f"{self.path}: GGUF architecture {arch!r} is not supported (supported: "
-                            f"{', '.join(sorted(ARCHES))})")
+            raise GGUFError(
+                f"{self.path}: GGUF architecture {arch!r} is not supported (supported: "
+                f"{', '.join(sorted(ARCHES))})"
+            )
         self.gguf_arch = arch
         self.arch = ARCHES[arch]
         self.model_type, self.permuted_qk = self.arch.model_type, self.arch.permuted_qk
         # HF names of linear weights kept as raw GGUF blocks -> their GGML type name
         self.linear_types = {
-            self.arch.hf_name(t.name): t.tensor_type.name for t in self.reader.tensors
+            self.arch.hf_name(t.name): t.tensor_type.name
+            for t in self.reader.tensors
             if LINEAR.match(t.name) and t.tensor_type.name not in _FLOAT_TYPES
         }
         self.config = self._config()
@@ -92,7 +95,10 @@ class GGUFCheckpoint:
         self.generation_config = {"eos_token_id": end_of_generation_ids(self.reader.fields)}
         self.fallback_chat_template = fallback_chat_template(arch, self.reader.fields)
         if self.linear_types:
-            self.config["quantization_config"] = {"quant_method": "gguf", "linear_types": self.linear_types}
+            self.config["quantization_config"] = {
+                "quant_method": "gguf",
+                "linear_types": self.linear_types,
+            }
 
     def _config(self) -> dict[str, Any]:
         a = self.gguf_arch
@@ -131,24 +137,35 @@ class GGUFCheckpoint:
         from gguf.quants import dequantize
 
         found = [t for t in self.reader.tensors if t.name == name]
-        return dequantize(found[0].data, found[0].tensor_type).reshape(-1).tolist() if found else None
+        return (
+            dequantize(found[0].data, found[0].tensor_type).reshape(-1).tolist() if found else None
+        )
 
     def _rope_scaling(self, get: Any) -> dict[str, Any]:
         """The config's rope_scaling from the `rope.scaling.*` keys and the rotary tensors."""
         freqs = self._vector("rope_freqs.weight")
-        long, short = self._vector("rope_factors_long.weight"), self._vector("rope_factors_short.weight")
+        long, short = (
+            self._vector("rope_factors_long.weight"),
+            self._vector("rope_factors_short.weight"),
+        )
         scaling = get("rope.scaling.type")
         if freqs is not None:  # llama.cpp divides each rotary frequency by its factor
             return {"rope_scaling": {"rope_type": "freq_factors", "factors": freqs}}
         if long is not None and short is not None:
             orig = get("rope.scaling.original_context_length")
-            return {"rope_scaling": {
-                "rope_type": "longrope", "long_factor": long, "short_factor": short,
-                "attention_factor": get("rope.scaling.attn_factor"),
-                **({"original_max_position_embeddings": int(orig)} if orig else {}),
-            }}
+            return {
+                "rope_scaling": {
+                    "rope_type": "longrope",
+                    "long_factor": long,
+                    "short_factor": short,
+                    "attention_factor": get("rope.scaling.attn_factor"),
+                    **({"original_max_position_embeddings": int(orig)} if orig else {}),
+                }
+            }
         if scaling == "linear":
-            return {"rope_scaling": {"rope_type": "linear", "factor": float(get("rope.scaling.factor"))}}
+            return {
+                "rope_scaling": {"rope_type": "linear", "factor": float(get("rope.scaling.factor"))}
+            }
         if scaling not in (None, "none"):
             raise GGUFError(f"{self.path}: rope scaling {scaling!r} in GGUF is not supported")
         return {}
@@ -166,7 +183,9 @@ class GGUFCheckpoint:
                 continue  # in the config (_rope_scaling)
             name = self.arch.hf_name(t.name)
             if name is None:
-                raise GGUFError(f"{self.path}: unexpected tensor {t.name!r} for architecture {self.gguf_arch}")
+                raise GGUFError(
+                    f"{self.path}: unexpected tensor {t.name!r} for architecture {self.gguf_arch}"
+                )
             shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims innermost first
             if keep_quantized and name in self.linear_types:
                 block, block_bytes = GGML_QUANT_SIZES[t.tensor_type]
@@ -183,7 +202,9 @@ class GGUFCheckpoint:
                     ) from None
                 if int(np.prod(arr.shape)) != int(np.prod(shape)):
                     raise GGUFError(f"{self.path}: tensor {t.name!r} is truncated")
-                w = torch.from_numpy(np.array(arr, dtype=np.float32)).reshape(shape)  # a copy: the file is mapped read-only
+                w = torch.from_numpy(np.array(arr, dtype=np.float32)).reshape(
+                    shape
+                )  # a copy: the file is mapped read-only
                 if self.arch.norm_shift and name.endswith("norm.weight"):
                     w -= self.arch.norm_shift
             if self.permuted_qk and (".q_proj." in name or ".k_proj." in name):
@@ -218,8 +239,10 @@ class GGUFScheme(QuantScheme):
         if all(t is None for t in types):
             return UnquantizedLinearMethod()
         if any(t is None for t in types):
-            raise GGUFError(f"GGUF: the shards of {prefix} mix float and quantized tensors: "
-                            f"{dict(zip(names, types))}")
+            raise GGUFError(
+                f"GGUF: the shards of {prefix} mix float and quantized tensors: "
+                f"{dict(zip(names, types))}"
+            )
         return GGUFLinearMethod(self, types)  # type: ignore[arg-type]
 
     def quantized_method(self, prefix: str, checkpoint_names: Sequence[str]) -> LinearMethod:
@@ -253,13 +276,17 @@ class GGUFLinearMethod(QuantLinearMethod):
             elif shard:
                 type_name = self.types[layer.shards.index(shard)]
             else:
-                raise ValueError(f"GGUF: one tensor for the whole of {layer.prefix}, typed per shard")
+                raise ValueError(
+                    f"GGUF: one tensor for the whole of {layer.prefix}, typed per shard"
+                )
             block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
             start, end = ranges[shard]
             expected = (end - start, layer.input_size // block * block_bytes)
             if layer.input_size % block or tuple(raw.shape) != expected:
-                raise ValueError(f"GGUF {type_name} weight{' [' + shard + ']' if shard else ''} has "
-                                 f"shape {tuple(raw.shape)}, expected {expected}")
+                raise ValueError(
+                    f"GGUF {type_name} weight{' [' + shard + ']' if shard else ''} has "
+                    f"shape {tuple(raw.shape)}, expected {expected}"
+                )
             out.append((shard, type_name, raw))
         return out
 
@@ -275,7 +302,9 @@ class GGUFLinearMethod(QuantLinearMethod):
         scales = torch.cat([c.scales.float() for c in decoded], 0)
         if kinds == {"Q4_0"}:
             return Int4Codes(codes, None, scales, 32)
-        offsets = torch.cat([c.offsets if c.offsets is not None else -8.0 * c.scales.float() for c in decoded], 0)
+        offsets = torch.cat(
+            [c.offsets if c.offsets is not None else -8.0 * c.scales.float() for c in decoded], 0
+        )
         return Int4Codes(codes, None, scales, 32, offsets=offsets)
 
     def int8(self, layer: nn.Module) -> Int8Codes | None:
@@ -287,14 +316,20 @@ class GGUFLinearMethod(QuantLinearMethod):
         if not set(types) <= set(gguf_blocks.SUPPORTED):
             return None
         group = min(gguf_blocks.group_of(t) for t in types)
-        return gguf_blocks.concat_int8([gguf_blocks.int8_codes(raw, t, group) for _, t, raw in parts])
+        return gguf_blocks.concat_int8(
+            [gguf_blocks.int8_codes(raw, t, group) for _, t, raw in parts]
+        )
 
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 
         rows = []
-        for shard, type_name, raw in self._parts(layer):
+        for _shard, type_name, raw in self._parts(layer):
             arr = dequantize(raw.numpy(), GGMLQuantizationType[type_name])
-            rows.append(torch.from_numpy(np.array(arr, dtype=np.float32)).reshape(raw.shape[0], layer.input_size))
+            rows.append(
+                torch.from_numpy(np.array(arr, dtype=np.float32)).reshape(
+                    raw.shape[0], layer.input_size
+                )
+            )
         return torch.cat(rows, 0) if len(rows) > 1 else rows[0]

@@ -39,7 +39,9 @@ _QK_NORM = (
     (_LAYER + r"attn_q_norm\.weight$", r"model.layers.\1.self_attn.q_norm.weight"),
     (_LAYER + r"attn_k_norm\.weight$", r"model.layers.\1.self_attn.k_norm.weight"),
 )
-_FFN_NORM_POST_ATTN = ((_LAYER + r"ffn_norm\.weight$", r"model.layers.\1.post_attention_layernorm.weight"),)
+_FFN_NORM_POST_ATTN = (
+    (_LAYER + r"ffn_norm\.weight$", r"model.layers.\1.post_attention_layernorm.weight"),
+)
 _GEMMA_NORMS = (  # pre- and post-norms around attention and the MLP
     (_LAYER + r"post_attention_norm\.weight$", r"model.layers.\1.post_attention_layernorm.weight"),
     (_LAYER + r"ffn_norm\.weight$", r"model.layers.\1.pre_feedforward_layernorm.weight"),
@@ -54,7 +56,9 @@ _PHI3 = (  # fused q/k/v, and gate/up fused into ffn_up (gate rows first, as in 
     (_LAYER + r"ffn_up\.weight$", r"model.layers.\1.mlp.gate_up_proj.weight"),
 )
 # llama.cpp's linears (the tensors that may stay quantized)
-LINEAR = re.compile(_LAYER + r"(attn_q|attn_k|attn_v|attn_qkv|attn_output|ffn_gate|ffn_up|ffn_down)\.weight$")
+LINEAR = re.compile(
+    _LAYER + r"(attn_q|attn_k|attn_v|attn_qkv|attn_output|ffn_gate|ffn_up|ffn_down)\.weight$"
+)
 # rotary tables llama.cpp stores as tensors; they become config entries (GGUFCheckpoint._config)
 ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 
@@ -66,21 +70,27 @@ def _gemma3_config(cfg: dict[str, Any], get: Callable[..., Any]) -> dict[str, An
     from transformers import Gemma3TextConfig
 
     extra: dict[str, Any] = {}
-    for key, name in (("final_logit_softcapping", "final_logit_softcapping"),
-                      ("attn_logit_softcapping", "attn_logit_softcapping")):
+    for key, name in (
+        ("final_logit_softcapping", "final_logit_softcapping"),
+        ("attn_logit_softcapping", "attn_logit_softcapping"),
+    ):
         if get(key) is not None:
             extra[name] = float(get(key))
     _sliding_layers(extra, cfg["num_hidden_layers"], get)
     theta = cfg.pop("rope_theta")
     full = {"rope_type": "default", "rope_theta": theta, **(cfg.pop("rope_scaling", None) or {})}
     local = float(get("rope.freq_base_swa", 10000.0))
-    extra["rope_parameters"] = {"sliding_attention": {"rope_type": "default", "rope_theta": local},
-                                "full_attention": full}
+    extra["rope_parameters"] = {
+        "sliding_attention": {"rope_type": "default", "rope_theta": local},
+        "full_attention": full,
+    }
     heads = cfg["num_attention_heads"]
-    extra["query_pre_attn_scalar"] = (cfg["hidden_size"] // heads if cfg["num_hidden_layers"] == 62
-                                      else cfg["head_dim"])
-    full_cfg = Gemma3TextConfig(**{k: v for k, v in cfg.items() if k not in ("model_type", "torch_dtype")},
-                                **extra).to_dict()
+    extra["query_pre_attn_scalar"] = (
+        cfg["hidden_size"] // heads if cfg["num_hidden_layers"] == 62 else cfg["head_dim"]
+    )
+    full_cfg = Gemma3TextConfig(
+        **{k: v for k, v in cfg.items() if k not in ("model_type", "torch_dtype")}, **extra
+    ).to_dict()
     full_cfg["model_type"] = "gemma3_text"
     full_cfg["architectures"] = ["Gemma3ForCausalLM"]
     full_cfg["torch_dtype"] = "float32"
@@ -133,7 +143,9 @@ ARCHES: dict[str, GGUFArch] = {
     "llama": GGUFArch("llama", _COMMON + _FFN_NORM_POST_ATTN, permuted_qk=True),
     "qwen2": GGUFArch("qwen2", _COMMON + _FFN_NORM_POST_ATTN),
     "qwen3": GGUFArch("qwen3", _COMMON + _FFN_NORM_POST_ATTN + _QK_NORM),
-    "gemma3": GGUFArch("gemma3_text", _COMMON + _QK_NORM + _GEMMA_NORMS, norm_shift=1.0, finish=_gemma3_config),
+    "gemma3": GGUFArch(
+        "gemma3_text", _COMMON + _QK_NORM + _GEMMA_NORMS, norm_shift=1.0, finish=_gemma3_config
+    ),
     "exaone4": GGUFArch("exaone4", _COMMON + _QK_NORM + _EXAONE4_NORMS, finish=_exaone4_config),
     "phi3": GGUFArch("phi3", _PHI3 + _COMMON + _FFN_NORM_POST_ATTN, finish=_phi3_config),
 }

@@ -36,8 +36,20 @@ INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
 INT8_TYPES = ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q3_K", "Q2_K", "Q8_0", "IQ4_NL", "IQ4_XS")
 SUPPORTED = INT4_TYPES + INT8_TYPES
 IQ4_GRID = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
-BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q4_K": 144, "Q5_0": 22, "Q5_1": 24, "Q5_K": 176,
-               "Q6_K": 210, "Q3_K": 110, "Q2_K": 84, "Q8_0": 34, "IQ4_NL": 18, "IQ4_XS": 136}
+BLOCK_BYTES = {
+    "Q4_0": 18,
+    "Q4_1": 20,
+    "Q4_K": 144,
+    "Q5_0": 22,
+    "Q5_1": 24,
+    "Q5_K": 176,
+    "Q6_K": 210,
+    "Q3_K": 110,
+    "Q2_K": 84,
+    "Q8_0": 34,
+    "IQ4_NL": 18,
+    "IQ4_XS": 136,
+}
 
 
 def _f16(b: torch.Tensor) -> torch.Tensor:
@@ -67,16 +79,22 @@ def _scale_min_k4(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _blocks(raw: torch.Tensor, type_name: str) -> torch.Tensor:
     size = BLOCK_BYTES[type_name]
     if raw.dtype != torch.uint8 or raw.dim() != 2 or raw.shape[1] % size:
-        raise ValueError(f"GGUF {type_name}: rows must be uint8 [N, blocks * {size}], got "
-                         f"{raw.dtype} {tuple(raw.shape)}")
+        raise ValueError(
+            f"GGUF {type_name}: rows must be uint8 [N, blocks * {size}], got "
+            f"{raw.dtype} {tuple(raw.shape)}"
+        )
     return raw.reshape(-1, size)
 
 
-def decode(raw: torch.Tensor, type_name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int]:
+def decode(
+    raw: torch.Tensor, type_name: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int]:
     """Rows [N, row bytes] -> (codes [N, K] int16, scale [N, G] fp32, offset [N, G] fp32 or None,
     group), W = codes * scale + offset per group (see the module table)."""
     if type_name not in SUPPORTED:
-        raise ValueError(f"GGUF type {type_name!r} has no integer decoding; supported: {', '.join(SUPPORTED)}")
+        raise ValueError(
+            f"GGUF type {type_name!r} has no integer decoding; supported: {', '.join(SUPPORTED)}"
+        )
     n = raw.shape[0]
     b = _blocks(raw, type_name)
     nb = b.shape[0]
@@ -94,8 +112,10 @@ def decode(raw: torch.Tensor, type_name: str) -> tuple[torch.Tensor, torch.Tenso
         group = 32
     elif type_name in ("Q5_0", "Q5_1"):
         head = 4 if type_name == "Q5_1" else 2
-        qh = _bits(b[:, head:head + 4], 8, 1, 1).transpose(-1, -2).reshape(nb, 32)  # bit i of the uint32
-        q = (_nibbles(b[:, head + 4:]) | (qh << 4)).short()
+        qh = (
+            _bits(b[:, head : head + 4], 8, 1, 1).transpose(-1, -2).reshape(nb, 32)
+        )  # bit i of the uint32
+        q = (_nibbles(b[:, head + 4 :]) | (qh << 4)).short()
         scale = _f16(b[:, 0:2])[:, None]
         if type_name == "Q5_0":
             q = q - 16
@@ -109,9 +129,13 @@ def decode(raw: torch.Tensor, type_name: str) -> tuple[torch.Tensor, torch.Tenso
         d, dmin = _f16(b[:, 0:2])[:, None], _f16(b[:, 2:4])[:, None]
         sc, mn = _scale_min_k4(b[:, 4:16])
         qs = b[:, 48:] if type_name == "Q5_K" else b[:, 16:]
-        q = _bits(qs.reshape(nb, 4, 32), 2, 4, 4).reshape(nb, 8, 32)  # sub-block 2i + h: nibble h of chunk i
+        q = _bits(qs.reshape(nb, 4, 32), 2, 4, 4).reshape(
+            nb, 8, 32
+        )  # sub-block 2i + h: nibble h of chunk i
         if type_name == "Q5_K":
-            q = q | (_bits(b[:, 16:48], 8, 1, 1) << 4)  # sub-block j: bit j of the 32 high-bit bytes
+            q = q | (
+                _bits(b[:, 16:48], 8, 1, 1) << 4
+            )  # sub-block j: bit j of the 32 high-bit bytes
         q = q.reshape(nb, QK_K).short()
         scale, offset, group = d * sc, -(dmin * mn), 32
     elif type_name == "Q6_K":
@@ -126,7 +150,9 @@ def decode(raw: torch.Tensor, type_name: str) -> tuple[torch.Tensor, torch.Tenso
         high = _bits(s[:, 8:12], 4, 2, 2).reshape(nb, 16)
         sc = ((low | (high << 4)).short() - 32).float()
         ql = _bits(qs.reshape(nb, 2, 32), 4, 2, 2).reshape(nb, 16, 16)
-        qh = _bits(hmask, 8, 1, 1).reshape(nb, 16, 16) ^ 1  # the 4 is subtracted where the mask bit is 0
+        qh = (
+            _bits(hmask, 8, 1, 1).reshape(nb, 16, 16) ^ 1
+        )  # the 4 is subtracted where the mask bit is 0
         q = (ql.short() - (qh.short() << 2)).reshape(nb, QK_K)
         scale, group = _f16(b[:, 108:110])[:, None] * sc, 16
     elif type_name == "Q2_K":
@@ -138,7 +164,9 @@ def decode(raw: torch.Tensor, type_name: str) -> tuple[torch.Tensor, torch.Tenso
         d = _f16(b[:, 0:2])[:, None]
         sh = b[:, 2:4].long()
         sh = sh[:, 0] | (sh[:, 1] << 8)
-        sl = _bits(b[:, 4:8], 2, 4, 4).transpose(-1, -2).reshape(nb, 8)  # sub-block 2i + h: nibble h of byte i
+        sl = (
+            _bits(b[:, 4:8], 2, 4, 4).transpose(-1, -2).reshape(nb, 8)
+        )  # sub-block 2i + h: nibble h of byte i
         hi = (sh[:, None] >> (2 * torch.arange(8))) & 3
         ls = (sl.long() | (hi << 4)) - 32
         q = _nibbles(b[:, 8:].reshape(nb, 8, 16)).reshape(nb, QK_K)
@@ -183,10 +211,19 @@ def concat_int8(parts: list[Int8Codes]) -> Int8Codes:
     assert all(p.group_size == group for p in parts)
     offsets = None
     if any(p.offsets is not None for p in parts):
-        offsets = torch.cat([p.offsets if p.offsets is not None else torch.zeros_like(p.scales.float())
-                             for p in parts], 0)
-    return Int8Codes(torch.cat([p.codes for p in parts], 0), torch.cat([p.scales.float() for p in parts], 0),
-                     group, offsets=offsets)
+        offsets = torch.cat(
+            [
+                p.offsets if p.offsets is not None else torch.zeros_like(p.scales.float())
+                for p in parts
+            ],
+            0,
+        )
+    return Int8Codes(
+        torch.cat([p.codes for p in parts], 0),
+        torch.cat([p.scales.float() for p in parts], 0),
+        group,
+        offsets=offsets,
+    )
 
 
 def group_of(type_name: str) -> int:

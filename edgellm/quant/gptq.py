@@ -68,8 +68,10 @@ class GPTQLinearMethod(QuantLinearMethod):
     ) -> dict[str, ParamLayout]:
         gs = self.scheme.group_size if self.scheme.group_size > 0 else input_size
         if input_size % 8 or output_size % 8:
-            raise ValueError(f"GPTQ: {layer.prefix} needs inputs and outputs that are multiples of 8 "
-                             f"(has {input_size} x {output_size})")
+            raise ValueError(
+                f"GPTQ: {layer.prefix} needs inputs and outputs that are multiples of 8 "
+                f"(has {input_size} x {output_size})"
+            )
         self.group_size = gs
         self.groups = -(-input_size // gs)
         empty_param(layer, "qweight", (input_size // 8, output_size), torch.int32)

@@ -46,7 +46,7 @@ def _inverse_cholesky(h: torch.Tensor, damp: float) -> torch.Tensor:
     """Upper Cholesky factor of (H + damp*mean(diag H) I)^-1, raising damp until it is PD."""
     k = h.shape[0]
     mean_diag = float(torch.mean(torch.diag(h)))
-    for attempt in range(8):
+    for _attempt in range(8):
         hd = h.clone()
         hd.diagonal().add_(damp * mean_diag)
         try:
@@ -56,12 +56,15 @@ def _inverse_cholesky(h: torch.Tensor, damp: float) -> torch.Tensor:
         except RuntimeError:  # torch.linalg.LinAlgError subclasses RuntimeError
             logger.info("GPTQ: H not positive definite with damp %.3g, retrying", damp)
             damp = damp * 10 if damp > 0 else 1e-3
-    raise RuntimeError(f"GPTQ: Hessian of size {k} is not positive definite even with damping {damp}")
+    raise RuntimeError(
+        f"GPTQ: Hessian of size {k} is not positive definite even with damping {damp}"
+    )
 
 
 @contextmanager
 def single_thread():
-    """The column loop is thousands of small ops: a thread pool only adds sync cost (10-40x on a busy
+    """The column loop is thousands of small ops: a thread pool only adds sync cost (10-40x on a
+    busy
     2-core machine)."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -87,8 +90,13 @@ def gptq_quantize(
 
 
 def _gptq(
-    weight: torch.Tensor, hessian: torch.Tensor, spec: IntSpec, scale_dtype: torch.dtype,
-    actorder: str | None, damp: float, block_size: int,
+    weight: torch.Tensor,
+    hessian: torch.Tensor,
+    spec: IntSpec,
+    scale_dtype: torch.dtype,
+    actorder: str | None,
+    damp: float,
+    block_size: int,
 ) -> IntWeight:
     w = weight.detach().float().clone()
     n, k = w.shape
@@ -107,7 +115,9 @@ def _gptq(
     zeros = torch.zeros(n, num_groups)
     if static:
         for gi in range(num_groups):
-            scales[:, gi], zeros[:, gi] = int_qparams(w[:, gi * g:(gi + 1) * g], spec, scale_dtype)
+            scales[:, gi], zeros[:, gi] = int_qparams(
+                w[:, gi * g : (gi + 1) * g], spec, scale_dtype
+            )
 
     perm = None
     if actorder is not None:
@@ -132,7 +142,7 @@ def _gptq(
             col = i1 + i
             if not static and col % g == 0:
                 gi = col // g
-                scales[:, gi], zeros[:, gi] = int_qparams(w1[:, i:i + g], spec, scale_dtype)
+                scales[:, gi], zeros[:, gi] = int_qparams(w1[:, i : i + g], spec, scale_dtype)
             gi = int(col_group[col])
             s, z = scales[:, gi], zeros[:, gi]
             col_w = w1[:, i]

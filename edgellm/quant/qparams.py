@@ -96,7 +96,10 @@ def int_qparams(
     xmin = w.amin(dim=1).clamp(max=0)
     xmax = w.amax(dim=1).clamp(min=0)
     both0 = (xmin == 0) & (xmax == 0)
-    xmin, xmax = torch.where(both0, -torch.ones_like(xmin), xmin), torch.where(both0, torch.ones_like(xmax), xmax)
+    xmin, xmax = (
+        torch.where(both0, -torch.ones_like(xmin), xmin),
+        torch.where(both0, torch.ones_like(xmax), xmax),
+    )
     scale = round_scale((xmax - xmin) / spec.maxq, scale_dtype)
     zero = torch.round(-xmin / scale).clamp(0, spec.maxq)
     if spec.min_zero:
@@ -108,7 +111,9 @@ def int_qparams(
     return scale, zero
 
 
-def quantize_codes(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, maxq: int) -> torch.Tensor:
+def quantize_codes(
+    w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, maxq: int
+) -> torch.Tensor:
     """Codes for `w` [N, ...] given per-row scale/zero broadcastable to it (float result)."""
     return torch.clamp(torch.round(w / scale) + zero, 0, maxq)
 
@@ -121,10 +126,14 @@ def rtn_quantize(w: torch.Tensor, spec: IntSpec, scale_dtype: torch.dtype) -> In
     scales, zeros = int_qparams(wg.reshape(-1, g), spec, scale_dtype)
     scales, zeros = scales.view(n, -1), zeros.view(n, -1)
     codes = quantize_codes(wg, scales[..., None], zeros[..., None], spec.maxq).reshape(n, k)
-    return IntWeight(codes.to(torch.int32), scales, None if spec.symmetric else zeros.to(torch.int32), spec)
+    return IntWeight(
+        codes.to(torch.int32), scales, None if spec.symmetric else zeros.to(torch.int32), spec
+    )
 
 
-def fake_quantize_groups(w: torch.Tensor, spec: IntSpec, scale_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def fake_quantize_groups(
+    w: torch.Tensor, spec: IntSpec, scale_dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """RTN quantize-dequantize (for searches that only need the rounded weight)."""
     n, k = w.shape
     g = spec.group_len(k)

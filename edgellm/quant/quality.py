@@ -27,8 +27,15 @@ from edgellm.quant.export import dequantize_module
 logger = logging.getLogger(__name__)
 
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
     "generation_config.json",
 )
 
@@ -57,8 +64,20 @@ def dequantize_checkpoint(src: Path, dst: Path) -> None:
     qc = config.pop("quantization_config")
     by_module: dict[str, dict[str, torch.Tensor]] = defaultdict(dict)
     plain: dict[str, torch.Tensor] = {}
-    quant_params = {"weight_packed", "weight_scale", "weight_shape", "weight_zero_point", "weight_g_idx",
-                    "input_scale", "qweight", "qzeros", "scales", "g_idx", "k_scale", "v_scale"}
+    quant_params = {
+        "weight_packed",
+        "weight_scale",
+        "weight_shape",
+        "weight_zero_point",
+        "weight_g_idx",
+        "input_scale",
+        "qweight",
+        "qzeros",
+        "scales",
+        "g_idx",
+        "k_scale",
+        "v_scale",
+    }
     for f in _safetensors_files(src):
         with safe_open(str(f), framework="pt") as h:
             for name in h.keys():
@@ -89,8 +108,13 @@ def dequantize_checkpoint(src: Path, dst: Path) -> None:
 def _open_llm(path: Path, max_len: int) -> Any:
     from edgellm.llm import LLM
 
-    return LLM(str(path), dtype="float32", kv_cache_memory=64 << 20, max_model_len=max_len,
-               enable_prefix_caching=False)
+    return LLM(
+        str(path),
+        dtype="float32",
+        kv_cache_memory=64 << 20,
+        max_model_len=max_len,
+        enable_prefix_caching=False,
+    )
 
 
 def open_quantized(out_dir: Path, work_dir: Path, max_len: int) -> tuple[Any, str]:
@@ -98,8 +122,11 @@ def open_quantized(out_dir: Path, work_dir: Path, max_len: int) -> tuple[Any, st
     try:
         return _open_llm(out_dir, max_len), "engine"
     except Exception as exc:  # the engine may not load this format yet
-        logger.info("edgellm cannot load %s directly (%s); evaluating its exact float read-back",
-                    out_dir.name, str(exc).splitlines()[0][:160])
+        logger.info(
+            "edgellm cannot load %s directly (%s); evaluating its exact float read-back",
+            out_dir.name,
+            str(exc).splitlines()[0][:160],
+        )
     deq = work_dir / "dequantized"
     dequantize_checkpoint(out_dir, deq)
     return _open_llm(deq, max_len), "dequantized"

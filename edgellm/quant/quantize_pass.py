@@ -22,7 +22,14 @@ from edgellm.quant import calibration as calib
 from edgellm.quant.awq_search import awq_layer
 from edgellm.quant.export import Scheme
 from edgellm.quant.gptq_solver import HessianAccumulator, gptq_quantize
-from edgellm.quant.qparams import FP8Weight, IntSpec, IntWeight, fp8_input_scale, fp8_quantize, rtn_quantize
+from edgellm.quant.qparams import (
+    FP8Weight,
+    IntSpec,
+    IntWeight,
+    fp8_input_scale,
+    fp8_quantize,
+    rtn_quantize,
+)
 from edgellm.quant.smoothquant import smooth_layer
 
 
@@ -49,8 +56,12 @@ def kv_observer(model: nn.Module):
 
 
 def _spec(scheme: Scheme, fmt: str) -> IntSpec:
-    return IntSpec(scheme.bits, scheme.symmetric, scheme.group_size,
-                   min_zero=1 if fmt == "gptq" and not scheme.symmetric else 0)
+    return IntSpec(
+        scheme.bits,
+        scheme.symmetric,
+        scheme.group_size,
+        min_zero=1 if fmt == "gptq" and not scheme.symmetric else 0,
+    )
 
 
 def _input_group(parts: calib.LayerParts, name: str) -> str:
@@ -66,7 +77,9 @@ def _set_weight(lin: nn.Linear, w: torch.Tensor) -> None:
     lin.weight.data = w.to(lin.weight.dtype).contiguous()
 
 
-def _quantize_direct(lin: nn.Linear, scheme: Scheme, spec: IntSpec, dtype: torch.dtype) -> IntWeight | FP8Weight:
+def _quantize_direct(
+    lin: nn.Linear, scheme: Scheme, spec: IntSpec, dtype: torch.dtype
+) -> IntWeight | FP8Weight:
     if scheme.kind == "fp8":
         q: IntWeight | FP8Weight = fp8_quantize(lin.weight.data, scheme.fp8_per_channel, dtype)
     else:
@@ -76,8 +89,12 @@ def _quantize_direct(lin: nn.Linear, scheme: Scheme, spec: IntSpec, dtype: torch
 
 
 def quantize_model(
-    model: nn.Module, scheme: Scheme, opts: Any, samples: list[list[int]] | None,
-    dtype: torch.dtype, skip: set[str],
+    model: nn.Module,
+    scheme: Scheme,
+    opts: Any,
+    samples: list[list[int]] | None,
+    dtype: torch.dtype,
+    skip: set[str],
 ) -> tuple[dict[str, IntWeight | FP8Weight], dict[str, tuple[float, float]]]:
     """Quantize every decoder linear in place (fake-quant weights); returns the quantized tensors
     and, with an FP8 KV cache, (max|K|, max|V|) per attention module prefix."""
@@ -100,8 +117,18 @@ def quantize_model(
             parts = runner.parts(i)
             todo = {n: m for n, m in parts.linears.items() if n not in skip}
             if scheme.algorithm == "awq":
-                results.update(awq_layer(runner, i, parts, spec, dtype, n_grid=opts.awq_grid,
-                                         duo_scaling=opts.awq_duo_scaling, skip=skip))
+                results.update(
+                    awq_layer(
+                        runner,
+                        i,
+                        parts,
+                        spec,
+                        dtype,
+                        n_grid=opts.awq_grid,
+                        duo_scaling=opts.awq_duo_scaling,
+                        skip=skip,
+                    )
+                )
             elif scheme.algorithm in ("gptq", "smoothquant+gptq"):
                 if scheme.algorithm == "smoothquant+gptq":
                     smooth_layer(runner, i, parts, opts.smoothing_strength)
@@ -109,19 +136,25 @@ def quantize_model(
                 source = {n: _input_group(parts, n) for n in todo}
                 taps = {source[n]: m for n, m in todo.items()}
                 acc = {g: HessianAccumulator(m.in_features) for g, m in taps.items()}
-                with calib.input_hooks(taps, lambda g, x: acc[g].add(x)):
+                with calib.input_hooks(taps, lambda g, x, acc=acc: acc[g].add(x)):
                     runner.forward(i)
                 hessians = {g: a.hessian() for g, a in acc.items()}
                 for name, lin in todo.items():
-                    q = gptq_quantize(lin.weight.data, hessians[source[name]], spec, dtype,
-                                      actorder=scheme.actorder, damp=opts.damp)
+                    q = gptq_quantize(
+                        lin.weight.data,
+                        hessians[source[name]],
+                        spec,
+                        dtype,
+                        actorder=scheme.actorder,
+                        damp=opts.damp,
+                    )
                     _set_weight(lin, q.dequantize())
                     results[name] = q
                 del acc, hessians
             elif scheme.kind == "fp8" and scheme.activations == "fp8-static":
                 amax: dict[str, float] = {}
 
-                def observe(n: str, x: torch.Tensor) -> None:
+                def observe(n: str, x: torch.Tensor, amax: dict[str, float] = amax) -> None:
                     amax[n] = max(amax.get(n, 0.0), float(x.abs().max()))
 
                 with calib.input_hooks(todo, observe):

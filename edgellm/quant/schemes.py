@@ -68,7 +68,7 @@ class LinearMethod(ABC):
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """y = x @ W.T + bias, for x [..., input_size]."""
 
-    def process_weights_after_loading(self, layer: nn.Module) -> None:
+    def process_weights_after_loading(self, layer: nn.Module) -> None:  # noqa: B027 (optional hook)
         """Repack or convert once all shards are in (e.g. into a kernel's preferred layout)."""
 
 
@@ -76,7 +76,9 @@ class UnquantizedLinearMethod(LinearMethod):
     def create_weights(
         self, layer: nn.Module, input_size: int, output_size: int, dtype: torch.dtype
     ) -> dict[str, ParamLayout]:
-        layer.weight = nn.Parameter(torch.empty(output_size, input_size, dtype=dtype), requires_grad=False)
+        layer.weight = nn.Parameter(
+            torch.empty(output_size, input_size, dtype=dtype), requires_grad=False
+        )
         return {"weight": ParamLayout(output_dim=0)}
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -118,7 +120,9 @@ def free_params(layer: nn.Module, names: Iterable[str]) -> None:
     layer.stash.clear()
 
 
-def shard_g_idx(layer: nn.Module, name: str, num_groups: int) -> list[tuple[str, torch.Tensor | None]]:
+def shard_g_idx(
+    layer: nn.Module, name: str, num_groups: int
+) -> list[tuple[str, torch.Tensor | None]]:
     """A stashed per-shard g_idx (act-order: group of each input row) as [(shard, g_idx or
     None)] covering the whole output, checked against the layer's inputs and groups."""
     given = dict(stashed(layer, name))
@@ -134,7 +138,9 @@ def shard_g_idx(layer: nn.Module, name: str, num_groups: int) -> list[tuple[str,
     return [(s, given.get(s)) for s in (layer.shards or [""])]
 
 
-def common_g_idx(per_shard: list[tuple[str, torch.Tensor | None]]) -> tuple[bool, torch.Tensor | None]:
+def common_g_idx(
+    per_shard: list[tuple[str, torch.Tensor | None]],
+) -> tuple[bool, torch.Tensor | None]:
     """(whether every shard has the same g_idx, that g_idx)."""
     first = per_shard[0][1]
     for _, g in per_shard[1:]:
@@ -143,21 +149,28 @@ def common_g_idx(per_shard: list[tuple[str, torch.Tensor | None]]) -> tuple[bool
     return True, first
 
 
-def dequantize_by_shard(layer: nn.Module, codes: Int4Codes,
-                        per_shard: list[tuple[str, torch.Tensor | None]]) -> torch.Tensor:
+def dequantize_by_shard(
+    layer: nn.Module, codes: Int4Codes, per_shard: list[tuple[str, torch.Tensor | None]]
+) -> torch.Tensor:
     """Exact W when the shards of a fused module each have their own g_idx."""
     rows, start = [], 0
     for shard, g in per_shard:
         end = start + (layer.shard_sizes[shard] if shard else layer.output_size)
-        part = Int4Codes(codes.codes[start:end], None if codes.zeros is None else codes.zeros[start:end],
-                         codes.scales[start:end], codes.group_size, g)
+        part = Int4Codes(
+            codes.codes[start:end],
+            None if codes.zeros is None else codes.zeros[start:end],
+            codes.scales[start:end],
+            codes.group_size,
+            g,
+        )
         rows.append(part.dequantize())
         start = end
     return torch.cat(rows, 0)
 
 
-def dequantize_g_idx(layer: nn.Module, codes: Int4Codes,
-                     per_shard: list[tuple[str, torch.Tensor | None]]) -> torch.Tensor:
+def dequantize_g_idx(
+    layer: nn.Module, codes: Int4Codes, per_shard: list[tuple[str, torch.Tensor | None]]
+) -> torch.Tensor:
     """Exact W of an act-order (g_idx) int4 layer: one g_idx for the whole fused module when its
     shards share it, else each shard with its own."""
     same, g_idx = common_g_idx(per_shard)
@@ -213,7 +226,10 @@ class Int8Codes:
     def dequantize(self) -> torch.Tensor:
         """W [N, K] float32 with one rounding per element (two with offsets)."""
         n, k = self.codes.shape
-        w = self.codes.float().reshape(n, k // self.group_size, self.group_size) * self.scales.float()[..., None]
+        w = (
+            self.codes.float().reshape(n, k // self.group_size, self.group_size)
+            * self.scales.float()[..., None]
+        )
         if self.offsets is not None:
             w = w + self.offsets.float()[..., None]
         return w.reshape(n, k)
@@ -235,8 +251,11 @@ class Int4Codes:
     def dequantize(self) -> torch.Tensor:
         """W [N, K] float32 with one rounding per element (exact for fp16/bf16 scales)."""
         k = self.codes.shape[1]
-        g = (self.g_idx.long() if self.g_idx is not None
-             else torch.arange(k, device=self.codes.device) // self.group_size)
+        g = (
+            self.g_idx.long()
+            if self.g_idx is not None
+            else torch.arange(k, device=self.codes.device) // self.group_size
+        )
         q = self.codes.float()
         if self.zeros is not None:
             q = q - self.zeros.float()[:, g]
@@ -277,7 +296,8 @@ class QuantScheme(ABC):
         self.cpu_kernels = self.platform.cpu_quant
 
     def linear_method(self, prefix: str, checkpoint_names: Sequence[str] = ()) -> LinearMethod:
-        """The method for the linear at module path `prefix` (e.g. model.layers.0.self_attn.qkv_proj).
+        """The method for the linear at module path `prefix` (e.g.
+        model.layers.0.self_attn.qkv_proj).
 
         checkpoint_names: what the checkpoint's own model calls it, which is what ignore lists
         name (…q_proj, …k_proj, …v_proj for a Llama's fused qkv_proj; default [prefix]). It is
@@ -313,13 +333,16 @@ class Unquantized(QuantScheme):
 
 
 def config_error(fmt: str, what: str, quantization_config: dict[str, Any]) -> ValueError:
-    return ValueError(f"{fmt} checkpoint: {what} is not supported (quantization_config={quantization_config})")
+    return ValueError(
+        f"{fmt} checkpoint: {what} is not supported (quantization_config={quantization_config})"
+    )
 
 
 def scheme_from_config(
     quantization_config: dict[str, Any] | None, cpu_kernels: str | Platform | None = None
 ) -> QuantScheme:
-    """Pick the scheme for a checkpoint; a format we cannot run exactly is an error, never a guess."""
+    """Pick the scheme for a checkpoint; a format we cannot run exactly is an error, never a
+    guess."""
     if not quantization_config:
         return Unquantized(cpu_kernels)
     method = str(quantization_config.get("quant_method") or "").lower()

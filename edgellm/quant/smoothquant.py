@@ -33,12 +33,17 @@ def smooth_scales(act_max: torch.Tensor, linears: list[nn.Linear], alpha: float)
 
 
 @torch.no_grad()
-def smooth_layer(runner: LayerwiseRunner, index: int, parts: LayerParts, alpha: float = 0.8) -> None:
+def smooth_layer(
+    runner: LayerwiseRunner, index: int, parts: LayerParts, alpha: float = 0.8
+) -> None:
     stats = ChannelAbsMax()
     taps = {"attn": next(iter(parts.qkv.values())), "mlp": next(iter(parts.gate_up.values()))}
     with input_hooks(taps, stats):
         runner.forward(index)
-    for key, norm, group in (("attn", parts.attn_norm, parts.qkv), ("mlp", parts.mlp_norm, parts.gate_up)):
+    for key, norm, group in (
+        ("attn", parts.attn_norm, parts.qkv),
+        ("mlp", parts.mlp_norm, parts.gate_up),
+    ):
         linears = list(group.values())
         s = smooth_scales(stats.values[key], linears, alpha)
         norm.weight.data /= s

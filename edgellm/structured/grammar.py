@@ -57,7 +57,9 @@ class GrammarService:
         self._stop = list(stop_token_ids)
         self._compiler: Any = None
         self._lock = threading.Lock()
-        self._cache: collections.OrderedDict[str, concurrent.futures.Future[Any]] = collections.OrderedDict()
+        self._cache: collections.OrderedDict[str, concurrent.futures.Future[Any]] = (
+            collections.OrderedDict()
+        )
         self._bitmask: torch.Tensor | None = None
         self._one: torch.Tensor | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="edgellm-grammar")
@@ -65,8 +67,9 @@ class GrammarService:
     def _get_compiler(self) -> Any:
         if self._compiler is None:  # only ever on the worker thread
             xgr = _xgr()
-            info = xgr.TokenizerInfo.from_huggingface(self._hf, vocab_size=self.vocab_size,
-                                                      stop_token_ids=self._stop)
+            info = xgr.TokenizerInfo.from_huggingface(
+                self._hf, vocab_size=self.vocab_size, stop_token_ids=self._stop
+            )
             self._compiler = xgr.GrammarCompiler(info, max_threads=1)
         return self._compiler
 
@@ -74,7 +77,9 @@ class GrammarService:
         comp = self._get_compiler()
         try:
             if spec.kind == "json":
-                return comp.compile_json_schema(spec.schema(), any_whitespace=False, strict_mode=True)
+                return comp.compile_json_schema(
+                    spec.schema(), any_whitespace=False, strict_mode=True
+                )
             if spec.kind == "regex":
                 return comp.compile_regex(spec.regex)
             if spec.kind == "choice":
@@ -85,8 +90,9 @@ class GrammarService:
             raise
         except Exception as exc:  # noqa: BLE001  (xgrammar raises RuntimeError/ValueError with its message)
             msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-            raise StructuredOutputError(f"{spec.source}: cannot compile the {spec.kind} constraint: {msg}",
-                                        spec.source) from None
+            raise StructuredOutputError(
+                f"{spec.source}: cannot compile the {spec.kind} constraint: {msg}", spec.source
+            ) from None
 
     def compile_future(self, spec: StructuredOutputs) -> concurrent.futures.Future[Any]:
         """The compiled grammar for `spec`, compiling on the worker thread if not cached."""
@@ -123,8 +129,9 @@ class GrammarService:
         bitmask = self._bitmask
         for matcher, row in zip(matchers, rows):
             matcher.fill(bitmask, row)
-        _xgr().apply_token_bitmask_inplace(logits, bitmask[: logits.shape[0]], vocab_size=self.vocab_size,
-                                           indices=rows)
+        _xgr().apply_token_bitmask_inplace(
+            logits, bitmask[: logits.shape[0]], vocab_size=self.vocab_size, indices=rows
+        )
 
     def allowed(self, matcher: Matcher) -> torch.Tensor:
         """int32 [ceil(vocab / 32)]: the tokens `matcher` allows next as a bitmask (bit j of word

@@ -11,11 +11,29 @@ from __future__ import annotations
 
 from typing import Any
 
-UNSUPPORTED = frozenset({
-    "not", "if", "then", "else", "allOf", "multipleOf", "uniqueItems", "contains", "minContains",
-    "maxContains", "dependentSchemas", "dependentRequired", "unevaluatedProperties", "unevaluatedItems",
-    "propertyNames", "minProperties", "maxProperties", "$dynamicRef", "$recursiveRef",
-})
+UNSUPPORTED = frozenset(
+    {
+        "not",
+        "if",
+        "then",
+        "else",
+        "allOf",
+        "multipleOf",
+        "uniqueItems",
+        "contains",
+        "minContains",
+        "maxContains",
+        "dependentSchemas",
+        "dependentRequired",
+        "unevaluatedProperties",
+        "unevaluatedItems",
+        "propertyNames",
+        "minProperties",
+        "maxProperties",
+        "$dynamicRef",
+        "$recursiveRef",
+    }
+)
 # keywords whose value is a schema, a list of schemas, or a name -> schema map
 _SUB_SCHEMA = ("items", "additionalProperties", "additionalItems")
 _SUB_LIST = ("anyOf", "oneOf", "prefixItems")
@@ -23,7 +41,8 @@ _SUB_MAP = ("properties", "$defs", "definitions", "patternProperties")
 
 
 def check_schema(schema: Any, source: str) -> None:
-    """Raise StructuredOutputError unless `schema` is a valid JSON schema the grammar can enforce."""
+    """Raise StructuredOutputError unless `schema` is a valid JSON schema the grammar can
+    enforce."""
     from jsonschema import Draft202012Validator
     from jsonschema.exceptions import SchemaError
 
@@ -33,13 +52,17 @@ def check_schema(schema: Any, source: str) -> None:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
         where = "/".join(str(p) for p in exc.path) or "the root"
-        raise StructuredOutputError(f"{source}: invalid JSON schema at {where}: {exc.message}", source) from None
+        raise StructuredOutputError(
+            f"{source}: invalid JSON schema at {where}: {exc.message}", source
+        ) from None
     problem = _unsupported(schema, "#")
     if problem is not None:
         keyword, where = problem
         raise StructuredOutputError(
             f"{source}: the JSON schema keyword {keyword!r} (at {where}) is not supported: output "
-            f"constrained by this server could not be guaranteed to satisfy it", source)
+            f"constrained by this server could not be guaranteed to satisfy it",
+            source,
+        )
 
 
 def _unsupported(node: Any, where: str) -> tuple[str, str] | None:

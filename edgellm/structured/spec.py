@@ -47,19 +47,31 @@ class StructuredOutputs:
             given.append("json_object")
         if len(given) != 1:
             raise StructuredOutputError(
-                f"{self.source} needs exactly one of json, json_object, regex, choice, grammar; got "
-                f"{', '.join(given) or 'none'}", self.source)
+                f"{self.source} needs exactly one of json, json_object, regex, choice, grammar; "
+                "got "
+                f"{', '.join(given) or 'none'}",
+                self.source,
+            )
         if self.choice is not None:
-            if not isinstance(self.choice, list) or not self.choice or not all(
-                    isinstance(c, str) and c for c in self.choice):
-                raise StructuredOutputError(f"{self.source}: choice must be a non-empty list of non-empty "
-                                            "strings", self.source)
+            if (
+                not isinstance(self.choice, list)
+                or not self.choice
+                or not all(isinstance(c, str) and c for c in self.choice)
+            ):
+                raise StructuredOutputError(
+                    f"{self.source}: choice must be a non-empty list of non-empty strings",
+                    self.source,
+                )
         for name in ("regex", "grammar"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value.strip()):
-                raise StructuredOutputError(f"{self.source}: {name} must be a non-empty string", self.source)
+                raise StructuredOutputError(
+                    f"{self.source}: {name} must be a non-empty string", self.source
+                )
         if len(self.key) > MAX_SPEC_BYTES:
-            raise StructuredOutputError(f"{self.source} is larger than {MAX_SPEC_BYTES} bytes", self.source)
+            raise StructuredOutputError(
+                f"{self.source} is larger than {MAX_SPEC_BYTES} bytes", self.source
+            )
         if self.json is not None:
             check_schema(self.schema(), self.source)
 
@@ -71,19 +83,28 @@ class StructuredOutputs:
             try:
                 value = json.loads(self.json)
             except json.JSONDecodeError as exc:
-                raise StructuredOutputError(f"{self.source}: the JSON schema is not valid JSON ({exc})",
-                                            self.source) from None
+                raise StructuredOutputError(
+                    f"{self.source}: the JSON schema is not valid JSON ({exc})", self.source
+                ) from None
         else:
             value = self.json
         if not isinstance(value, (dict, bool)):
-            raise StructuredOutputError(f"{self.source}: a JSON schema must be an object", self.source)
+            raise StructuredOutputError(
+                f"{self.source}: a JSON schema must be an object", self.source
+            )
         return value if isinstance(value, dict) else ({} if value else {"not": {}})
 
     @property
     def kind(self) -> str:
         if self.json is not None or self.json_object:
             return "json"
-        return "regex" if self.regex is not None else "choice" if self.choice is not None else "grammar"
+        return (
+            "regex"
+            if self.regex is not None
+            else "choice"
+            if self.choice is not None
+            else "grammar"
+        )
 
     @property
     def key(self) -> str:
@@ -91,4 +112,8 @@ class StructuredOutputs:
             body: Any = self.schema()
         else:
             body = getattr(self, self.kind)
-        return self.kind + ":" + json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        return (
+            self.kind
+            + ":"
+            + json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        )

@@ -144,8 +144,10 @@ class MistralParser(ToolCallParser):
         out: list[Event] = []
         if self.state == "text":
             out.append(Content(self.text.flush()))
-        elif not self.in_array and (self.state in ("tag", "header", "array") or (
-                self.state == "object" and self.call is not None and not self.call.started)):
+        elif not self.in_array and (
+            self.state in ("tag", "header", "array")
+            or (self.state == "object" and self.call is not None and not self.call.started)
+        ):
             out.append(Content(self.raw))  # an opening that never became a call: content
         self.state = "text"
         return self._emit(out)

@@ -49,7 +49,7 @@ class PythonicParser(ToolCallParser):
         kept = body.rstrip()
         out.append(Content(kept))
         self.state, self.raw, self.args = "text", "", None
-        for c in body[len(kept):] + last:
+        for c in body[len(kept) :] + last:
             self._char(c, out)
 
     def _char(self, ch: str, out: list[Event]) -> None:

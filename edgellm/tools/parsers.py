@@ -9,7 +9,8 @@ diffed: each character is consumed once. Text that could still turn out to be th
 
 Formats here (the model families' own are chosen by name in families.PARSERS: hermes, and
 llama3_json, mistral and pythonic in parser_llama3.py, parser_mistral.py, parser_pythonic.py):
-  hermes     Hermes / Qwen2.5 / the generic tool prompt: <tool_call>{"name": .., "arguments": {..}}</tool_call>
+  hermes     Hermes / Qwen2.5 / the generic tool prompt: <tool_call>{"name": .., "arguments":
+  {..}}</tool_call>
   json_array the output of tool_choice "required": [{"name": .., "arguments": {..}}, ...]
   arguments  the output of a named tool_choice: the arguments object itself (the name is known)
 """
@@ -19,8 +20,17 @@ from __future__ import annotations
 from edgellm.tools.call_object import CallObject
 from edgellm.tools.events import Args, CallEnd, CallStart, Content, Event
 
-__all__ = ["Args", "ArgumentsParser", "CallEnd", "CallStart", "Content", "Event", "HermesParser",
-           "JsonArrayParser", "ToolCallParser"]
+__all__ = [
+    "Args",
+    "ArgumentsParser",
+    "CallEnd",
+    "CallStart",
+    "Content",
+    "Event",
+    "HermesParser",
+    "JsonArrayParser",
+    "ToolCallParser",
+]
 
 
 class ToolCallParser:
@@ -194,4 +204,3 @@ class ArgumentsParser(ToolCallParser):
         self.started = True
         out.append(CallEnd(0))
         return self._track(out)
-

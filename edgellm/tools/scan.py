@@ -17,8 +17,9 @@ class HeldText:
     back what is held, unchanged.
     """
 
-    def __init__(self, tags: tuple[str, ...] = (), openers: str = "",
-                 line_start: bool = False) -> None:
+    def __init__(
+        self, tags: tuple[str, ...] = (), openers: str = "", line_start: bool = False
+    ) -> None:
         self.tags = tags
         self.openers = openers
         self.line_start = line_start
@@ -32,7 +33,7 @@ class HeldText:
             if hold.endswith(tag):
                 before = hold[: -len(tag)]
                 kept = before.rstrip()
-                self.hold, self.at_start, self.dropped = "", False, before[len(kept):]
+                self.hold, self.at_start, self.dropped = "", False, before[len(kept) :]
                 return kept, tag
         before = hold[:-1]
         at_opening = self.at_start or self.line_start and "\n" in before

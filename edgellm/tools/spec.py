@@ -4,7 +4,8 @@ template without tool support), the grammar ("required" and a named choice are c
 even a small model calls a listed function with arguments valid for its schema), and the parser.
 
 Modes: "none" (tools are left out of the prompt and nothing is parsed), "auto" (the model decides;
-its text is parsed in its family's format, `parser_name`, see families.py), "required" (one or more calls: a JSON array of
+its text is parsed in its family's format, `parser_name`, see families.py), "required" (one or more
+calls: a JSON array of
 {"name", "arguments"} objects, one only when parallel_tool_calls is false), "named" (the output is
 the arguments object of that function).
 """
@@ -60,12 +61,23 @@ class ToolPlan:
             return StructuredOutputs(json=params, source="tool_choice")
         if self.mode != "required":
             return None
-        calls = [{"type": "object", "properties": {"name": {"const": name},
-                                                   "arguments": fn.get("parameters") or EMPTY_PARAMETERS},
-                  "required": ["name", "arguments"], "additionalProperties": False}
-                 for name, fn in self.functions.items()]
-        schema: dict[str, Any] = {"type": "array", "minItems": 1,
-                                  "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
+        calls = [
+            {
+                "type": "object",
+                "properties": {
+                    "name": {"const": name},
+                    "arguments": fn.get("parameters") or EMPTY_PARAMETERS,
+                },
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+            for name, fn in self.functions.items()
+        ]
+        schema: dict[str, Any] = {
+            "type": "array",
+            "minItems": 1,
+            "items": calls[0] if len(calls) == 1 else {"anyOf": calls},
+        }
         if not self.parallel:
             schema["maxItems"] = 1
         return StructuredOutputs(json=schema, source="tools")
@@ -84,7 +96,9 @@ def call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
 
-def parse_output(tool_plan: ToolPlan, text: str, finish: str) -> tuple[ToolCallParser, list[dict[str, Any]], str]:
+def parse_output(
+    tool_plan: ToolPlan, text: str, finish: str
+) -> tuple[ToolCallParser, list[dict[str, Any]], str]:
     """A finished choice's text -> (its parser, the completed calls OpenAI-shaped, finish_reason:
     "tool_calls" when it made calls and stopped on its own, else `finish`)."""
     parser = tool_plan.parser()
@@ -92,11 +106,16 @@ def parse_output(tool_plan: ToolPlan, text: str, finish: str) -> tuple[ToolCallP
     parser.feed(text)
     if finish == "stop":
         parser.finish()
-    calls = [{"id": call_id(), "type": "function", "function": {"name": n, "arguments": a}} for n, a in parser.calls]
+    calls = [
+        {"id": call_id(), "type": "function", "function": {"name": n, "arguments": a}}
+        for n, a in parser.calls
+    ]
     return parser, calls, "tool_calls" if calls and finish == "stop" else finish
 
 
-def plan(tools: list[Any] | None, tool_choice: Any, parallel_tool_calls: bool | None) -> ToolPlan | None:
+def plan(
+    tools: list[Any] | None, tool_choice: Any, parallel_tool_calls: bool | None
+) -> ToolPlan | None:
     """Check tools / tool_choice (ToolError naming the field) -> the plan, or None without tools."""
     if not tools:
         if tool_choice not in (None, "none"):
@@ -109,27 +128,37 @@ def plan(tools: list[Any] | None, tool_choice: Any, parallel_tool_calls: bool | 
     for i, tool in enumerate(tools):
         where = f"tools.{i}"
         if not isinstance(tool, dict) or tool.get("type", "function") != "function":
-            raise ToolError("each tool must be {'type': 'function', 'function': {...}}", f"{where}.type")
+            raise ToolError(
+                "each tool must be {'type': 'function', 'function': {...}}", f"{where}.type"
+            )
         fn = tool.get("function")
         if not isinstance(fn, dict):
             raise ToolError("a tool needs a 'function' object", f"{where}.function")
         name = fn.get("name")
         if not isinstance(name, str) or not _NAME.match(name):
-            raise ToolError("a function name must be 1-64 letters, digits, '_', '-' or '.'", f"{where}.function.name")
+            raise ToolError(
+                "a function name must be 1-64 letters, digits, '_', '-' or '.'",
+                f"{where}.function.name",
+            )
         if name in seen:
             raise ToolError(f"two tools are named {name!r}", f"{where}.function.name")
         seen.add(name)
         params = fn.get("parameters")
         if params is not None:
             if not isinstance(params, dict):
-                raise ToolError("function parameters must be a JSON schema object", f"{where}.function.parameters")
+                raise ToolError(
+                    "function parameters must be a JSON schema object",
+                    f"{where}.function.parameters",
+                )
             try:
                 check_schema(params, f"{where}.function.parameters")
             except StructuredOutputError as exc:
                 raise ToolError(str(exc), f"{where}.function.parameters") from None
         desc = fn.get("description")
         if desc is not None and not isinstance(desc, str):
-            raise ToolError("a function description must be a string", f"{where}.function.description")
+            raise ToolError(
+                "a function description must be a string", f"{where}.function.description"
+            )
         clean = {"name": name, "parameters": params or EMPTY_PARAMETERS}
         if desc:
             clean["description"] = desc
@@ -142,11 +171,16 @@ def plan(tools: list[Any] | None, tool_choice: Any, parallel_tool_calls: bool | 
     if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
         name = (tool_choice.get("function") or {}).get("name")
         if name not in seen:
-            raise ToolError(f"tool_choice names the function {name!r}, which is not among the tools",
-                            "tool_choice")
+            raise ToolError(
+                f"tool_choice names the function {name!r}, which is not among the tools",
+                "tool_choice",
+            )
         return ToolPlan("named", normalized, name=name, parallel=parallel)
-    raise ToolError("tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': "
-                    "{'name': ...}}", "tool_choice")
+    raise ToolError(
+        "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': "
+        "{'name': ...}}",
+        "tool_choice",
+    )
 
 
 def template_takes_tools(template: str | None) -> bool:
@@ -154,10 +188,14 @@ def template_takes_tools(template: str | None) -> bool:
 
 
 def generic_prompt(tools: list[dict[str, Any]]) -> str:
-    return GENERIC_TOOL_PROMPT.format(tools="\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools))
+    return GENERIC_TOOL_PROMPT.format(
+        tools="\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools)
+    )
 
 
-def with_generic_prompt(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def with_generic_prompt(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     """The conversation with the generic tool prompt in its system message (one is added if none),
     and tool calls / tool results written as text the template can render."""
     out = [dict(m) for m in messages]
@@ -168,10 +206,15 @@ def with_generic_prompt(messages: list[dict[str, Any]], tools: list[dict[str, An
         out.insert(0, {"role": "system", "content": prompt})
     for m in out:
         if m["role"] == "assistant" and m.get("tool_calls"):
-            calls = "\n".join("<tool_call>" + json.dumps({"name": c["function"]["name"],
-                                                          "arguments": c["function"]["arguments"]},
-                                                         ensure_ascii=False) + "</tool_call>"
-                              for c in m.pop("tool_calls"))
+            calls = "\n".join(
+                "<tool_call>"
+                + json.dumps(
+                    {"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
+                    ensure_ascii=False,
+                )
+                + "</tool_call>"
+                for c in m.pop("tool_calls")
+            )
             m["content"] = f"{m.get('content') or ''}\n{calls}".strip()
         elif m["role"] == "tool":
             m["role"] = "user"

@@ -23,7 +23,9 @@ class LinearKernel(ABC):
         """x [..., K] in the model dtype -> [..., N] in the model dtype."""
 
 
-def choose(candidates: Sequence[type[LinearKernel]], **spec: Any) -> tuple[type[LinearKernel] | None, list[str]]:
+def choose(
+    candidates: Sequence[type[LinearKernel]], **spec: Any
+) -> tuple[type[LinearKernel] | None, list[str]]:
     """The first candidate that can implement `spec`, and the reasons the ones before it gave."""
     reasons = []
     for kernel in candidates:

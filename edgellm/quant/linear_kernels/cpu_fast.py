@@ -47,8 +47,14 @@ class CpuInt4Kernel:
     the exact copy keeps the codes as nibbles and the scales/zeros/offsets as given.
     """
 
-    def __init__(self, c: Int4Codes, dtype: torch.dtype, perm: torch.Tensor | None,
-                 tinygemm_group: int, platform: Platform) -> None:
+    def __init__(
+        self,
+        c: Int4Codes,
+        dtype: torch.dtype,
+        perm: torch.Tensor | None,
+        tinygemm_group: int,
+        platform: Platform,
+    ) -> None:
         q = c.codes.to(torch.int32)
         if perm is not None:
             q = q[:, perm]
@@ -77,7 +83,9 @@ class CpuInt4Kernel:
         dense = platform.reserve_dense(self.n * self.k * 2)
         self.dense_weight = pack_bf16(self.dense(), platform.packed_bf16) if dense else None
         # rows up to which the GEMV runs: past it, the bf16 copy (or a transient fp32 matrix)
-        self.gemv_max_rows = gemv_max_rows(platform.packed_bf16) if dense else GEMV_MAX_ROWS_UNCACHED
+        self.gemv_max_rows = (
+            gemv_max_rows(platform.packed_bf16) if dense else GEMV_MAX_ROWS_UNCACHED
+        )
 
     @classmethod
     def build(cls, c: Int4Codes, dtype: torch.dtype, platform: Platform) -> CpuInt4Kernel | None:
@@ -103,7 +111,9 @@ class CpuInt4Kernel:
     def dense(self) -> torch.Tensor:
         """W [N, K] (stored column order) in fp32, exactly as the format defines it."""
         groups = self.k // self.group_size
-        w = torch.cat((self.nibbles & 15, self.nibbles >> 4), 1).view(self.n, groups, self.group_size)
+        w = torch.cat((self.nibbles & 15, self.nibbles >> 4), 1).view(
+            self.n, groups, self.group_size
+        )
         w = w.float()
         if self.zeros is not None:
             w.sub_(self.zeros.float()[..., None])
@@ -115,7 +125,8 @@ class CpuInt4Kernel:
         return w.view(self.n, self.k)
 
     def rounds_to_bf16(self, rows: int) -> bool:
-        """Every path of this kernel rounds its input to bf16 (see CpuIntDotKernel.rounds_to_bf16)."""
+        """Every path of this kernel rounds its input to bf16 (see
+        CpuIntDotKernel.rounds_to_bf16)."""
         return True
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -126,7 +137,10 @@ class CpuInt4Kernel:
         rows = x2.shape[0]
         if 0 < rows <= self.gemv_max_rows:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-                x2.to(torch.bfloat16).contiguous(), self.packed, self.tinygemm_group, self.scale_zero
+                x2.to(torch.bfloat16).contiguous(),
+                self.packed,
+                self.tinygemm_group,
+                self.scale_zero,
             ).to(x.dtype)
         elif dense is not None:
             y = bf16_linear(x2.to(torch.bfloat16), dense).to(x.dtype)
@@ -137,25 +151,31 @@ class CpuInt4Kernel:
         return y.reshape(*x.shape[:-1], self.n)
 
 
-
 def warm_matmul_shapes(model: nn.Module, max_rows: int, decode_rows: int) -> int:
     """Build oneDNN's primitives for every oneDNN-blocked bf16 weight of `model` (and its fast
     logits head) at every row bucket up to `max_rows` (a step's token budget) and at every exact
     row count up to `decode_rows` (the fused C++ decode passes its batch unpadded), so that no
-    request pays for one. A server does this once at start-up. Returns the number of matmuls run (0 when the
+    request pays for one. A server does this once at start-up. Returns the number of matmuls run (0
+    when the
     model keeps no oneDNN-blocked weight)."""
     weights: dict[tuple[int, int], torch.Tensor] = {}
     for module in model.modules():
         kernel = getattr(module, "kernel", None)
-        if isinstance(kernel, CpuInt4Kernel) and kernel.dense_weight is not None and kernel.dense_weight.is_mkldnn:
+        if (
+            isinstance(kernel, CpuInt4Kernel)
+            and kernel.dense_weight is not None
+            and kernel.dense_weight.is_mkldnn
+        ):
             weights.setdefault((kernel.n, kernel.k, kernel.gemv_max_rows), kernel.dense_weight)
     head = getattr(model, "fast_logits", None)
     bf16 = getattr(head, "bf16", None)  # the int8 head (IntDotLogitsHead) keeps no bf16 copy
     heads = [bf16] if bf16 is not None and bf16.is_mkldnn else []
 
     def rows_past(first: int, bucketed_to: int) -> list[int]:
-        return sorted({row_bucket(r) for r in range(first + 1, bucketed_to + 1)}
-                      | set(range(first + 1, decode_rows + 1)))
+        return sorted(
+            {row_bucket(r) for r in range(first + 1, bucketed_to + 1)}
+            | set(range(first + 1, decode_rows + 1))
+        )
 
     work = [(w, rows_past(gemv, max_rows)) for (_, _, gemv), w in weights.items()]
     work += [(w, rows_past(head.int8_max_rows, decode_rows)) for w in heads]
@@ -166,7 +186,6 @@ def warm_matmul_shapes(model: nn.Module, max_rows: int, decode_rows: int) -> int
                 onednn_linear(torch.zeros(r, w.shape[1], dtype=torch.bfloat16), w)
                 runs += 1
     return runs
-
 
 
 def _compact(t: torch.Tensor) -> torch.Tensor:

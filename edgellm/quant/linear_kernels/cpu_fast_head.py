@@ -49,7 +49,11 @@ class CpuFastLogitsHead:
     def __call__(self, x: torch.Tensor, argmax_only: list[bool] | None = None) -> torch.Tensor:
         """argmax_only: per row, whether only its argmax is needed (None: all rows)."""
         rows = x.shape[0]
-        approx = list(range(rows)) if argmax_only is None else [i for i, a in enumerate(argmax_only) if a]
+        approx = (
+            list(range(rows))
+            if argmax_only is None
+            else [i for i, a in enumerate(argmax_only) if a]
+        )
         if not approx or x.dtype != torch.float32:
             return F.linear(x, self.weight).float()
         if len(approx) == rows:
@@ -59,7 +63,9 @@ class CpuFastLogitsHead:
         out[idx] = self._approx(x[idx])
         return out
 
-    def bound(self, x: torch.Tensor, xb: torch.Tensor, top: torch.Tensor, int8: bool) -> torch.Tensor:
+    def bound(
+        self, x: torch.Tensor, xb: torch.Tensor, top: torch.Tensor, int8: bool
+    ) -> torch.Tensor:
         """[M, 1]: the half-width of the window around an approximate logit that holds the fp32
         one. xb: x in bf16, as the GEMV saw it; top [M, 1]: the largest |approximate logit| of each
         row. The output's bf16 rounding is bounded outright (2^-9 of |logit|). The dot product's
@@ -71,7 +77,9 @@ class CpuFastLogitsHead:
         measures the largest error in sigmas on the model's own hidden states."""
         d = x - xb.float()
         ms_e = self.err_ms_int8 if int8 else self.err_ms_bf16
-        sigma = (x.square().sum(-1, keepdim=True) * ms_e + d.square().sum(-1, keepdim=True) * self.w_ms).sqrt()
+        sigma = (
+            x.square().sum(-1, keepdim=True) * ms_e + d.square().sum(-1, keepdim=True) * self.w_ms
+        ).sqrt()
         return self.SIGMAS * sigma + top * (1 / 256)
 
     def approximate(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -91,7 +99,10 @@ class CpuFastLogitsHead:
         floor = hi - 2 * bound
         rows, cols = (logits >= floor).nonzero(as_tuple=True)
         # a row over MAX_CANDIDATES (only possible when the total is) is recomputed whole
-        if rows.numel() > self.MAX_CANDIDATES and int(torch.bincount(rows).max()) > self.MAX_CANDIDATES:
+        if (
+            rows.numel() > self.MAX_CANDIDATES
+            and int(torch.bincount(rows).max()) > self.MAX_CANDIDATES
+        ):
             return F.linear(x, self.weight).float()
         logits[rows, cols] = (x[rows] * self.weight[cols]).sum(-1)
         return logits

@@ -21,7 +21,8 @@ edgellm/kernels/reference.py).
 Large steps (prefill) are compute-bound, and there a dense matmul may win: on AVX2 fp32 FMA
 and vpmaddubsw do the same multiply-adds per cycle, with bf16 units (AMX) bf16 wins outright.
 On AMX CPUs calibrate() also measures the AMX tiles against VNNI and sets the row count from
-which the tiles run (`amx_rows`). So the kernel may keep a dense copy (the load's budget permitting: bf16 where the CPU has bf16
+which the tiles run (`amx_rows`). So the kernel may keep a dense copy (the load's budget permitting:
+bf16 where the CPU has bf16
 units, else fp32), and rows above `max_rows` use it. calibrate() measures the crossover for the
 loaded model at load time (never a constant tuned on one CPU) and drops the dense copies when
 integer dots win at every size it measures.
@@ -67,7 +68,9 @@ def int4_affine(codes: Int4Codes) -> tuple[torch.Tensor, torch.Tensor]:
     """Int4Codes' W = (q - zero) * scale + offset as W = scale * q + offset', fp32 [N, G] each.
     For fp16 scales and integer zeros, scale * zero is exact in fp32, so W is unchanged."""
     scale = codes.scales.float()
-    zero = codes.zeros.float() if codes.zeros is not None else (8.0 if codes.offsets is None else 0.0)
+    zero = (
+        codes.zeros.float() if codes.zeros is not None else (8.0 if codes.offsets is None else 0.0)
+    )
     offset = -scale * zero
     if codes.offsets is not None:
         offset = offset + codes.offsets.float()
@@ -118,7 +121,9 @@ class CpuIntDotKernel(LinearKernel):
             self.scale = tile_n16_ref(scale)
             self.offset = tile_n16_ref(offset) if offset.numel() else _EMPTY
         else:
-            self.qweight = q.to(torch.int8).contiguous() if self.bits == 8 else pack_int4_blocks_ref(q)
+            self.qweight = (
+                q.to(torch.int8).contiguous() if self.bits == 8 else pack_int4_blocks_ref(q)
+            )
             self.scale, self.offset = scale, offset
         self.max_rows = 1 << 62  # rows up to which the integer dots run (calibrate() lowers it)
         self.amx_rows = 1 << 62  # rows from which the n16 layout runs on AMX tiles (calibrate())
@@ -146,21 +151,40 @@ class CpuIntDotKernel(LinearKernel):
 
         n, k = codes.codes.shape
         int8 = isinstance(codes, Int8Codes)
-        if k % BLOCK or k % codes.group_size or (codes.group_size % BLOCK and not (int8 and codes.group_size == 16)):
-            return False, (f"group {codes.group_size} is not a multiple of {BLOCK} (or, for int8 codes, 16) "
-                           f"dividing K = {k}")
+        if (
+            k % BLOCK
+            or k % codes.group_size
+            or (codes.group_size % BLOCK and not (int8 and codes.group_size == 16))
+        ):
+            return False, (
+                f"group {codes.group_size} is not a multiple of {BLOCK} (or, for int8 codes, 16) "
+                f"dividing K = {k}"
+            )
         if not act_order_perm(codes)[0]:
             return False, "act-order groups that are not a permutation of contiguous ones"
         return True, None
 
-    def int_dot(self, x2: torch.Tensor, bias: torch.Tensor | None, amx_rows: int | None = None) -> torch.Tensor:
+    def int_dot(
+        self, x2: torch.Tensor, bias: torch.Tensor | None, amx_rows: int | None = None
+    ) -> torch.Tensor:
         """x2 [M, K] fp32 (stored column order) -> [M, N] fp32 by integer dots (n16: on AMX tiles
         from `amx_rows` rows, default self.amx_rows)."""
         b = _EMPTY if bias is None else bias
         if self.n16:
-            return self.native.int_linear_n16(x2, self.qweight, self.scale, self.offset, self.bits, self.group, b,
-                                              self.n, self.amx_rows if amx_rows is None else amx_rows)
-        return self.native.int_linear(x2, self.qweight, self.scale, self.offset, self.bits, self.group, b)
+            return self.native.int_linear_n16(
+                x2,
+                self.qweight,
+                self.scale,
+                self.offset,
+                self.bits,
+                self.group,
+                b,
+                self.n,
+                self.amx_rows if amx_rows is None else amx_rows,
+            )
+        return self.native.int_linear(
+            x2, self.qweight, self.scale, self.offset, self.bits, self.group, b
+        )
 
     def dense_matmul(self, x2: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x2 [M, K] (fp32, or bf16 for a bf16 copy) times the dense copy: bf16 out from a bf16
@@ -222,13 +246,17 @@ def calibrate_amx(kernels: list[CpuIntDotKernel], layers: int = 2) -> int | None
     amx_rows = CALIBRATION_ROWS[start] if start is not None else None
     for k in n16:
         k.amx_rows = never if amx_rows is None else amx_rows
-    logger.info("AMX tiles vs VNNI: %s", f"tiles from {amx_rows} rows" if amx_rows else "VNNI at every size measured")
+    logger.info(
+        "AMX tiles vs VNNI: %s",
+        f"tiles from {amx_rows} rows" if amx_rows else "VNNI at every size measured",
+    )
     return amx_rows
 
 
 def calibrate(kernels: list[CpuIntDotKernel], layers: int = 2) -> int | None:
     """calibrate_amx, then measure integer dots against the dense copies on the first `layers`
-    layers' worth of kernels (each kernel's shape, fresh random activations) at CALIBRATION_ROWS, set every
+    layers' worth of kernels (each kernel's shape, fresh random activations) at CALIBRATION_ROWS,
+    set every
     kernel's max_rows to the largest row count up to which the integer dots were not slower, and
     drop the dense copies when they never won. Returns that crossover (None: nothing to measure)."""
     calibrate_amx(kernels, layers)
@@ -251,6 +279,10 @@ def calibrate(kernels: list[CpuIntDotKernel], layers: int = 2) -> int | None:
         k.max_rows = crossover if dense_won else 1 << 62
         if not dense_won:
             k.dense = None
-    logger.info("int-dot vs dense matmul crossover: %s", f"{crossover} rows" if dense_won else
-                f"integer dots at every size up to {CALIBRATION_ROWS[-1]} rows (dense copies dropped)")
+    logger.info(
+        "int-dot vs dense matmul crossover: %s",
+        f"{crossover} rows"
+        if dense_won
+        else f"integer dots at every size up to {CALIBRATION_ROWS[-1]} rows (dense copies dropped)",
+    )
     return crossover if dense_won else None

@@ -2,8 +2,10 @@
 
 The head is the largest matrix of a small model (SmolLM2's tied 49152 x 576 embedding is 113 MB
 in fp32, more than all its int4 layers), so a greedy decode step reads it as int8 (one scale per
-vocabulary row, 28 MB) times int8-quantized activations (edgellm/kernels/csrc/cpu/qgemm.cpp, bits 8).
-The argmax stays the fp32 head's, as in edgellm/quant/linear_kernels/cpu_fast_head.CpuFastLogitsHead: every token whose
+vocabulary row, 28 MB) times int8-quantized activations (edgellm/kernels/csrc/cpu/qgemm.cpp, bits
+8).
+The argmax stays the fp32 head's, as in
+edgellm/quant/linear_kernels/cpu_fast_head.CpuFastLogitsHead: every token whose
 approximate logit is within twice the error bound of the row's maximum is recomputed in fp32.
 The bound: the dot product's error sum_k x_k e_k + d_k w_k (e: the weight's int8 rounding, known
 at load; d = x - dequantized int8 x, known per step) is a sum of K terms of mixed sign with
@@ -46,9 +48,20 @@ class IntDotLogitsHead(CpuFastLogitsHead):
     def int_dot(self, x: torch.Tensor, amx_rows: int | None = None) -> torch.Tensor:
         """The int8 products [M, V] alone (no window, no recheck)."""
         if self.n16:
-            return self.native.int_linear_n16(x, self.codes, self.scale, torch.empty(0), 8, self.k, torch.empty(0),
-                                              self.weight.shape[0], self.amx_rows if amx_rows is None else amx_rows)
-        return self.native.int_linear(x, self.codes, self.scale, torch.empty(0), 8, self.k, torch.empty(0))
+            return self.native.int_linear_n16(
+                x,
+                self.codes,
+                self.scale,
+                torch.empty(0),
+                8,
+                self.k,
+                torch.empty(0),
+                self.weight.shape[0],
+                self.amx_rows if amx_rows is None else amx_rows,
+            )
+        return self.native.int_linear(
+            x, self.codes, self.scale, torch.empty(0), 8, self.k, torch.empty(0)
+        )
 
     def calibrate(self, rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32)) -> int | None:
         """n16 on a host that runs AMX tiles: set amx_rows to the smallest of `rows` from which the
@@ -62,15 +75,22 @@ class IntDotLogitsHead(CpuFastLogitsHead):
         with torch.inference_mode():
             for r in rows:
                 x = torch.randn(r, self.k)
-                wins.append(_time(lambda x=x: self.int_dot(x, 0)) < _time(lambda x=x: self.int_dot(x, never)))
+                wins.append(
+                    _time(lambda x=x: self.int_dot(x, 0))
+                    < _time(lambda x=x: self.int_dot(x, never))
+                )
         start = next((i for i in range(len(wins)) if all(wins[i:])), None)
         self.amx_rows = never if start is None else rows[start]
         return None if start is None else rows[start]
 
     @classmethod
     def can_implement(cls, weight: torch.Tensor) -> bool:
-        return (weight.dtype == torch.float32 and weight.dim() == 2 and weight.shape[1] % 32 == 0
-                and weight.is_contiguous())
+        return (
+            weight.dtype == torch.float32
+            and weight.dim() == 2
+            and weight.shape[1] % 32 == 0
+            and weight.is_contiguous()
+        )
 
     def approximate(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(approximate fp32 logits [M, V], each row's max [M, 1], the window half-width [M, 1])."""
@@ -78,28 +98,52 @@ class IntDotLogitsHead(CpuFastLogitsHead):
         logits = self.int_dot(x)
         codes, d, _ = self.native.quantize_rows(x, self.k)
         err = x - (codes.float().view(x.shape[0], -1, 32) * d[..., None]).view_as(x)
-        sigma = (x.square().sum(-1, keepdim=True) * self.err_ms + err.square().sum(-1, keepdim=True) * self.w_ms).sqrt()
+        sigma = (
+            x.square().sum(-1, keepdim=True) * self.err_ms
+            + err.square().sum(-1, keepdim=True) * self.w_ms
+        ).sqrt()
         hi, lo = logits.amax(-1, keepdim=True), logits.amin(-1, keepdim=True)
         return logits, hi, self.SIGMAS * sigma + torch.maximum(hi, -lo) * 1e-5
 
     def _approx(self, x: torch.Tensor) -> torch.Tensor:
         """approximate() and the fp32 recheck of the window's tokens, in one C++ call
-        (edgellm/kernels/csrc/cpu/logits_head.cpp; a row over MAX_CANDIDATES is recomputed whole)."""
-        return self.native.int8_argmax_logits(x.contiguous(), self.codes, self.scale, self.weight, self.w_ms,
-                                              self.err_ms, self.SIGMAS, self.MAX_CANDIDATES, _NO_MASK, self.amx_rows)
+        (edgellm/kernels/csrc/cpu/logits_head.cpp; a row over MAX_CANDIDATES is recomputed
+        whole)."""
+        return self.native.int8_argmax_logits(
+            x.contiguous(),
+            self.codes,
+            self.scale,
+            self.weight,
+            self.w_ms,
+            self.err_ms,
+            self.SIGMAS,
+            self.MAX_CANDIDATES,
+            _NO_MASK,
+            self.amx_rows,
+        )
 
     def masked(self, x: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
         """Logits [M, V] for greedy rows under a grammar, bitmask int32 [M, ceil(V / 32)] (bit j of
         word i: token 32 i + j, set = allowed; xgrammar's layout): as masked_ref, in one C++ call
         that reads the bitmask words as they are."""
-        return self.native.int8_argmax_logits(x.contiguous(), self.codes, self.scale, self.weight, self.w_ms,
-                                              self.err_ms, self.SIGMAS, self.MAX_CANDIDATES,
-                                              bitmask.to(torch.int32).contiguous(), self.amx_rows)
+        return self.native.int8_argmax_logits(
+            x.contiguous(),
+            self.codes,
+            self.scale,
+            self.weight,
+            self.w_ms,
+            self.err_ms,
+            self.SIGMAS,
+            self.MAX_CANDIDATES,
+            bitmask.to(torch.int32).contiguous(),
+            self.amx_rows,
+        )
 
     def masked_ref(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
         """Logits [M, V] for greedy rows under a grammar: -inf where allowed [M, V] (bool) is False,
         and exact fp32 for every allowed token within twice the window of the allowed maximum, so
-        the masked argmax is the fp32 head's. The other allowed logits stay approximate and below."""
+        the masked argmax is the fp32 head's. The other allowed logits stay approximate and
+        below."""
         logits, _, half = self.approximate(x)
         logits = logits.masked_fill(~allowed, float("-inf"))
         top = logits.amax(-1, keepdim=True)
@@ -112,4 +156,3 @@ class IntDotLogitsHead(CpuFastLogitsHead):
             else:
                 logits[i, idx] = torch.mv(self.weight.index_select(0, idx), x[i])
         return logits
-

@@ -22,8 +22,14 @@ class TritonInt4Kernel:
     def __init__(self, codes: Int4Codes, device: torch.device) -> None:
         from edgellm.kernels.int4_layouts import repack_int4
 
-        w = repack_int4(codes.codes, codes.zeros, codes.scales, codes.group_size, codes.g_idx,
-                        offsets=codes.offsets)
+        w = repack_int4(
+            codes.codes,
+            codes.zeros,
+            codes.scales,
+            codes.group_size,
+            codes.g_idx,
+            offsets=codes.offsets,
+        )
         for name, value in vars(w).items():
             if isinstance(value, torch.Tensor):
                 setattr(w, name, value.to(device))

@@ -9,16 +9,24 @@ import torch.nn.functional as F
 
 from edgellm.quant.linear_kernels.triton import use_triton
 
-INT8_ACT_RANGE = 127.5  # compressed-tensors: absmax / ((q_max - q_min) / 2), then round and clamp to int8
-Segment = tuple[int, int, "torch.Tensor | None"]  # output rows [start, end) sharing a static input scale
+INT8_ACT_RANGE = (
+    127.5  # compressed-tensors: absmax / ((q_max - q_min) / 2), then round and clamp to int8
+)
+Segment = tuple[
+    int, int, "torch.Tensor | None"
+]  # output rows [start, end) sharing a static input scale
 
 
-def quant_int8_ref(x: torch.Tensor, static_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def quant_int8_ref(
+    x: torch.Tensor, static_scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> (int8 codes, fp32 scale [M, 1]) as compressed-tensors quantizes activations:
     scale = absmax / 127.5 per token (or the static one), q = clamp(round(x / scale), -128, 127)."""
     xf = x.float()
     if static_scale is None:
-        scale = (xf.abs().amax(-1, keepdim=True) / INT8_ACT_RANGE).clamp_min(torch.finfo(torch.float32).tiny)
+        scale = (xf.abs().amax(-1, keepdim=True) / INT8_ACT_RANGE).clamp_min(
+            torch.finfo(torch.float32).tiny
+        )
     else:
         scale = static_scale.float().reshape(1, 1).expand(x.shape[0], 1)
     return torch.round(xf / scale).clamp_(-128, 127).to(torch.int8), scale
@@ -29,8 +37,13 @@ class Int8W8A8Kernel:
     CPU: torch._int_mm (exact integer math); CUDA: activations quantized the same way,
     dequantized, and fed to the W8A16 Triton kernel."""
 
-    def __init__(self, weight: torch.Tensor, scale: torch.Tensor,
-                 segments: list[Segment], device: torch.device) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        scale: torch.Tensor,
+        segments: list[Segment],
+        device: torch.device,
+    ) -> None:
         self.weight = weight.to(device).contiguous()
         self.scale = scale.to(device)
         self.segments = [(a, b, None if s is None else s.to(device)) for a, b, s in segments]
@@ -59,7 +72,9 @@ class Int8W8A8Kernel:
 class Int8WeightOnlyKernel:
     """W8A16: CUDA the Triton kernel; CPU the dequantized weight (exact)."""
 
-    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self, weight: torch.Tensor, scale: torch.Tensor, device: torch.device, dtype: torch.dtype
+    ) -> None:
         self.cuda = use_triton(device)
         if self.cuda:
             self.weight, self.scale = weight.to(device), scale.to(device)[:, None]
@@ -79,8 +94,15 @@ class FP8Kernel:
     input-scale segment. CPU: the weight dequantized once (exact, fp32), activations
     quantized to fp8 and back exactly as the W8A8 kernel does."""
 
-    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, segments: list[Segment],
-                 activations: str | None, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        scale: torch.Tensor,
+        segments: list[Segment],
+        activations: str | None,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
         self.cuda = use_triton(device)
         self.activations = activations  # None (weight-only) | "token" | "tensor"
         self.segments = [(a, b, None if s is None else s.to(device)) for a, b, s in segments]
@@ -101,12 +123,22 @@ class FP8Kernel:
         x2 = x.reshape(-1, x.shape[-1])
         parts = []
         # W8A8 where the GPU has fp8 (sm89+) or under the interpreter; weight-only elsewhere
-        act_fp8 = self.activations is not None and (fp8_activations_supported(x.device) or interpreting())
+        act_fp8 = self.activations is not None and (
+            fp8_activations_supported(x.device) or interpreting()
+        )
         for start, end, static in self.segments:
             b = None if bias is None else bias[start:end]
             if self.cuda:
-                parts.append(fp8_gemm(x2, self.weight[start:end], self.scale[start:end], static, b,
-                                      use_fp8_activations=act_fp8))
+                parts.append(
+                    fp8_gemm(
+                        x2,
+                        self.weight[start:end],
+                        self.scale[start:end],
+                        static,
+                        b,
+                        use_fp8_activations=act_fp8,
+                    )
+                )
                 continue
             xa = x2
             if self.activations is not None:
