@@ -1,7 +1,7 @@
 """Triton paged attention and KV write vs their torch references.
 
-Without CUDA the kernels run on CPU tensors under Triton's interpreter (set up for
-every test in conftest.py; the `triton_device` fixture checks it is active).
+Without CUDA the kernels run on CPU tensors under Triton's interpreter
+(tests/helpers/triton_device.py).
 """
 
 from __future__ import annotations
@@ -14,13 +14,9 @@ import torch
 from edgellm.kernels import kv_cache as kv_mod
 from edgellm.kernels import paged_attention as pa_mod
 from edgellm.kernels.paged_attention_triton import paged_attention_triton
+from tests.helpers.triton_device import DEVICE
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-@pytest.fixture(autouse=True)
-def _interpreted(triton_device):
-    assert triton_device == DEVICE
+pytestmark = pytest.mark.usefixtures("triton_device")
 
 FP8 = torch.float8_e4m3fn
 # Output tolerances (atol, rtol) by query dtype: a few units in the last place
@@ -71,23 +67,41 @@ def _make_batch(
     for q in q_lens:
         query_start_loc.append(query_start_loc[-1] + q)
     tensors = {
-        "query": query, "key": key, "value": value, "kv_cache": kv_cache,
-        "block_tables": block_tables, "slot_mapping": slot_mapping,
+        "query": query,
+        "key": key,
+        "value": value,
+        "kv_cache": kv_cache,
+        "block_tables": block_tables,
+        "slot_mapping": slot_mapping,
     }
     batch = {name: t.to(DEVICE) for name, t in tensors.items()}
-    batch.update(seq_lens=seq_lens, query_start_loc=query_start_loc, num_decodes=len(decode_lens),
-                 k_scale=k_scale, v_scale=v_scale)
-    pa_mod.write_kv_ref(batch["key"], batch["value"], batch["kv_cache"], batch["slot_mapping"],
-                        k_scale, v_scale)
+    batch.update(
+        seq_lens=seq_lens,
+        query_start_loc=query_start_loc,
+        num_decodes=len(decode_lens),
+        k_scale=k_scale,
+        v_scale=v_scale,
+    )
+    pa_mod.write_kv_ref(
+        batch["key"], batch["value"], batch["kv_cache"], batch["slot_mapping"], k_scale, v_scale
+    )
     return batch
 
 
 def _run_triton(b: dict, sliding_window: int | None = None, **kwargs) -> torch.Tensor:
     return paged_attention_triton(
-        b["query"], b["key"], b["value"], b["kv_cache"], b["block_tables"],
+        b["query"],
+        b["key"],
+        b["value"],
+        b["kv_cache"],
+        b["block_tables"],
         torch.tensor(b["seq_lens"], dtype=b.get("index_dtype", torch.int32), device=DEVICE),
         torch.tensor(b["query_start_loc"], dtype=b.get("index_dtype", torch.int32), device=DEVICE),
-        b["num_decodes"], b["query"].shape[-1] ** -0.5, sliding_window, b["k_scale"], b["v_scale"],
+        b["num_decodes"],
+        b["query"].shape[-1] ** -0.5,
+        sliding_window,
+        b["k_scale"],
+        b["v_scale"],
         **kwargs,
     )
 
@@ -102,9 +116,18 @@ def _run_both(
     cache = b["kv_cache"]
     wide = cache if cache.dtype in (FP8, torch.float32) else cache.float()
     ref = pa_mod.paged_attention_ref(
-        b["query"].float(), b["key"].float(), b["value"].float(), wide, b["block_tables"],
-        b["seq_lens"], b["query_start_loc"], b["num_decodes"], b["query"].shape[-1] ** -0.5,
-        sliding_window, b["k_scale"], b["v_scale"],
+        b["query"].float(),
+        b["key"].float(),
+        b["value"].float(),
+        wide,
+        b["block_tables"],
+        b["seq_lens"],
+        b["query_start_loc"],
+        b["num_decodes"],
+        b["query"].shape[-1] ** -0.5,
+        sliding_window,
+        b["k_scale"],
+        b["v_scale"],
     ).to(b["query"].dtype)
     return _run_triton(b, sliding_window, **triton_kwargs), ref
 
@@ -125,8 +148,17 @@ PREFILLS = [(0, 13), (32, 7), (21, 30), (45, 1)]
 @pytest.mark.parametrize("num_kv_splits", [1, 3])
 @pytest.mark.parametrize("sliding_window", [None, 20])
 def test_mixed_batch_fp32(num_kv_splits, sliding_window):
-    b = _make_batch(DECODES, PREFILLS, block_size=16, num_heads=4, num_kv_heads=2, head_dim=32,
-                    dtype=torch.float32, cache_dtype=torch.float32, seed=1)
+    b = _make_batch(
+        DECODES,
+        PREFILLS,
+        block_size=16,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        dtype=torch.float32,
+        cache_dtype=torch.float32,
+        seed=1,
+    )
     out, ref = _run_both(b, sliding_window, num_kv_splits=num_kv_splits)
     _assert_close(out, ref, torch.float32)
 
@@ -134,17 +166,32 @@ def test_mixed_batch_fp32(num_kv_splits, sliding_window):
 def test_odd_shapes_fp32():
     """block_size 8, GQA 6/3 (group of 2) and 3/1 (group 3), head_dim 40 (padded to 64)."""
     for num_heads, num_kv_heads in ((6, 3), (3, 1)):
-        b = _make_batch([9, 33], [(0, 11), (24, 5)], block_size=8, num_heads=num_heads,
-                        num_kv_heads=num_kv_heads, head_dim=40, dtype=torch.float32,
-                        cache_dtype=torch.float32, seed=2)
+        b = _make_batch(
+            [9, 33],
+            [(0, 11), (24, 5)],
+            block_size=8,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=40,
+            dtype=torch.float32,
+            cache_dtype=torch.float32,
+            seed=2,
+        )
         for splits in (1, 2):
             out, ref = _run_both(b, num_kv_splits=splits)
             _assert_close(out, ref, torch.float32)
 
 
 def test_prefill_only_and_decode_only_fp32():
-    kw = {"block_size": 16, "num_heads": 4, "num_kv_heads": 2, "head_dim": 32,
-          "dtype": torch.float32, "cache_dtype": torch.float32, "seed": 3}
+    kw = {
+        "block_size": 16,
+        "num_heads": 4,
+        "num_kv_heads": 2,
+        "head_dim": 32,
+        "dtype": torch.float32,
+        "cache_dtype": torch.float32,
+        "seed": 3,
+    }
     out, ref = _run_both(_make_batch([], [(0, 19), (16, 40)], **kw), sliding_window=9)
     _assert_close(out, ref, torch.float32)
     b = _make_batch([5, 100, 3], [], **kw)
@@ -170,10 +217,19 @@ def test_random_batches_fp32(seed):
     prefills = [(rand(0, 100), rand(1, 60)) for _ in range(rand(0 if decodes else 1, 3))]
     num_heads, num_kv_heads = pick([(4, 2), (6, 3), (8, 1), (4, 4), (16, 1), (10, 5)])
     cache_dtype = pick([torch.float32, FP8])
-    b = _make_batch(decodes, prefills, block_size=pick([8, 16, 32]), num_heads=num_heads,
-                    num_kv_heads=num_kv_heads, head_dim=pick([16, 40, 64, 128]),
-                    dtype=torch.float32, cache_dtype=cache_dtype, k_scale=0.3, v_scale=0.7,
-                    seed=seed)
+    b = _make_batch(
+        decodes,
+        prefills,
+        block_size=pick([8, 16, 32]),
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=pick([16, 40, 64, 128]),
+        dtype=torch.float32,
+        cache_dtype=cache_dtype,
+        k_scale=0.3,
+        v_scale=0.7,
+        seed=seed,
+    )
     index_dtype = pick([torch.int32, torch.int64])
     b.update(index_dtype=index_dtype, block_tables=b["block_tables"].to(index_dtype))
     window = pick([None, None, 1, rand(2, 80)])
@@ -183,8 +239,17 @@ def test_random_batches_fp32(seed):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_mixed_batch_half(dtype):
-    b = _make_batch([3, 70], [(16, 23), (0, 9)], block_size=16, num_heads=4, num_kv_heads=2,
-                    head_dim=64, dtype=dtype, cache_dtype=dtype, seed=4)
+    b = _make_batch(
+        [3, 70],
+        [(16, 23), (0, 9)],
+        block_size=16,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+        dtype=dtype,
+        cache_dtype=dtype,
+        seed=4,
+    )
     out, ref = _run_both(b, num_kv_splits=2)
     _assert_close(out, ref, dtype)
 
@@ -192,8 +257,19 @@ def test_mixed_batch_half(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fp8_cache_matches_reference(dtype):
     """Same fp8 pages for both: the kernel's dequantization is the reference's."""
-    b = _make_batch([2, 77], [(0, 12), (24, 17)], block_size=16, num_heads=4, num_kv_heads=2,
-                    head_dim=32, dtype=dtype, cache_dtype=FP8, k_scale=0.037, v_scale=0.011, seed=5)
+    b = _make_batch(
+        [2, 77],
+        [(0, 12), (24, 17)],
+        block_size=16,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        dtype=dtype,
+        cache_dtype=FP8,
+        k_scale=0.037,
+        v_scale=0.011,
+        seed=5,
+    )
     for splits in (1, 2):
         out, ref = _run_both(b, sliding_window=40, num_kv_splits=splits)
         _assert_close(out, ref, dtype)
@@ -220,8 +296,17 @@ def test_fp8_cache_decodes_every_code_exactly():
 
 def test_fp8_cache_close_to_full_precision():
     """Decoding from an fp8 cache (per-layer absmax scales) stays near the fp32 result."""
-    b = _make_batch([40, 90, 129], [], block_size=16, num_heads=4, num_kv_heads=2, head_dim=64,
-                    dtype=torch.float32, cache_dtype=torch.float32, seed=6)
+    b = _make_batch(
+        [40, 90, 129],
+        [],
+        block_size=16,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+        dtype=torch.float32,
+        cache_dtype=torch.float32,
+        seed=6,
+    )
     full = b["kv_cache"]
     k_scale = kv_mod.fp8_scale_from_absmax(full[0])
     v_scale = kv_mod.fp8_scale_from_absmax(full[1])
@@ -253,12 +338,18 @@ def _fp8_edge_values() -> torch.Tensor:
     pos = exact[exact > 0].unique().sort().values
     mids = (pos[1:] + pos[:-1]) / 2
     below_edges = torch.tensor([2.0**e for e in range(-9, 9)]) * (1 - 2**-10)
-    values = torch.cat([
-        pos, mids,
-        torch.nextafter(mids, torch.zeros(())), torch.nextafter(mids, torch.full((), 1e9)),
-        below_edges, torch.tensor([127.99, 240.5, 447.9, 448.0, 449.0, 464.0, 500.0, 1e6]),
-        torch.rand(200) * 2**-6, torch.zeros(1),
-    ])
+    values = torch.cat(
+        [
+            pos,
+            mids,
+            torch.nextafter(mids, torch.zeros(())),
+            torch.nextafter(mids, torch.full((), 1e9)),
+            below_edges,
+            torch.tensor([127.99, 240.5, 447.9, 448.0, 449.0, 464.0, 500.0, 1e6]),
+            torch.rand(200) * 2**-6,
+            torch.zeros(1),
+        ]
+    )
     return torch.cat([values, -values])
 
 
@@ -314,8 +405,19 @@ SEED = 0  # the new K/V of the round trip (a seed that once failed against a bf1
 
 def test_write_then_attend_roundtrip_bf16():
     """The Triton write feeding the Triton attention matches the reference pair."""
-    b = _make_batch([6, 50], [(16, 21)], block_size=16, num_heads=4, num_kv_heads=2, head_dim=32,
-                    dtype=torch.bfloat16, cache_dtype=FP8, k_scale=0.01, v_scale=0.02, seed=8)
+    b = _make_batch(
+        [6, 50],
+        [(16, 21)],
+        block_size=16,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        dtype=torch.bfloat16,
+        cache_dtype=FP8,
+        k_scale=0.01,
+        v_scale=0.02,
+        seed=8,
+    )
     cache = b["kv_cache"].clone()
     gen = torch.Generator().manual_seed(SEED)
     new_k = (torch.randn(b["key"].shape, generator=gen) * 3).to(b["key"])
@@ -328,8 +430,16 @@ def test_write_then_attend_roundtrip_bf16():
 
 
 def test_rejects_bad_inputs():
-    b = _make_batch([3], [], block_size=16, num_heads=4, num_kv_heads=2, head_dim=32,
-                    dtype=torch.float32, cache_dtype=torch.float32)
+    b = _make_batch(
+        [3],
+        [],
+        block_size=16,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        dtype=torch.float32,
+        cache_dtype=torch.float32,
+    )
     with pytest.raises(ValueError):
         _run_triton({**b, "query": b["query"].half()})
     with pytest.raises(ValueError):

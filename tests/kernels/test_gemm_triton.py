@@ -1,8 +1,8 @@
 """Quantized GEMMs: int4 layouts (pack/unpack/repack exactness, real community
 checkpoints), W4A16 / W8A16 / FP8 Triton kernels vs dequantize-then-fp32-matmul.
 
-Without CUDA the kernels run on CPU tensors under Triton's interpreter (set up for
-every test in conftest.py; the `triton_device` fixture checks it is active).
+Without CUDA the kernels run on CPU tensors under Triton's interpreter
+(tests/helpers/triton_device.py).
 """
 
 from __future__ import annotations
@@ -14,13 +14,9 @@ from edgellm.kernels import dequant_gemm as dq
 from edgellm.kernels import fp8_gemm as f8
 from edgellm.kernels import int4_layouts as L
 from tests.helpers.fixture_paths import FIXTURES
+from tests.helpers.triton_device import DEVICE
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-@pytest.fixture(autouse=True)
-def _interpreted(triton_device):
-    assert triton_device == DEVICE
+pytestmark = pytest.mark.usefixtures("triton_device")
 
 
 FP8 = torch.float8_e4m3fn

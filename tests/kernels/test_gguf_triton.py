@@ -15,14 +15,9 @@ from edgellm.kernels import grouped_gemm
 from edgellm.quant import gguf_blocks
 from edgellm.quant.linear_kernels.triton import TritonInt4Kernel, TritonInt8GroupedKernel
 from tests.helpers.gguf_files import random_rows
+from tests.helpers.triton_device import DEVICE
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-@pytest.fixture(autouse=True)
-def _interpreted(triton_device):
-    assert triton_device == DEVICE
-
+pytestmark = pytest.mark.usefixtures("triton_device")
 
 
 def _gguf_py(raw: torch.Tensor, type_name: str, k: int) -> torch.Tensor:
@@ -70,8 +65,11 @@ def test_every_gguf_type_through_its_triton_kernel(type_name, m):
 @pytest.mark.parametrize("m", [1, 19])
 def test_q4_k_m_mixed_shards_as_one_grouped_weight(m):
     k = 256
-    parts = [(random_rows("Q4_K", 24, k, 1), "Q4_K"), (random_rows("Q4_K", 8, k, 2), "Q4_K"),
-             (random_rows("Q6_K", 8, k, 3), "Q6_K")]
+    parts = [
+        (random_rows("Q4_K", 24, k, 1), "Q4_K"),
+        (random_rows("Q4_K", 8, k, 2), "Q4_K"),
+        (random_rows("Q6_K", 8, k, 3), "Q6_K"),
+    ]
     assert isinstance(_kernel(parts), TritonInt8GroupedKernel)
     _check(parts, k, m, seed=10 + m)
 
@@ -85,8 +83,14 @@ def test_grouped_gemm_reference_and_split_k_agree():
     x = torch.randn(3, k, generator=g)
     ref = grouped_gemm.w8g_gemm_ref(x, codes, scales, group, offsets)
     for split in (1, 2, 3):
-        out = grouped_gemm.w8g_gemm(x.to(DEVICE), codes.to(DEVICE), scales.to(DEVICE), group,
-                                    offsets.to(DEVICE), split_k=split).cpu()
+        out = grouped_gemm.w8g_gemm(
+            x.to(DEVICE),
+            codes.to(DEVICE),
+            scales.to(DEVICE),
+            group,
+            offsets.to(DEVICE),
+            split_k=split,
+        ).cpu()
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
     with pytest.raises(ValueError, match="scales must be fp32"):
         grouped_gemm.w8g_gemm(x, codes, scales.half(), group)
