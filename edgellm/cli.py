@@ -307,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default="models.yaml")
     p.set_defaults(func=cmd_models)
 
-    from edgellm.quant.convert import add_convert_parser
+    from edgellm.quant.convert_cli import add_convert_parser
 
     add_convert_parser(sub)
 

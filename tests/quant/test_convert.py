@@ -21,7 +21,9 @@ import torch
 from safetensors import safe_open
 
 from edgellm.quant import convert as cv
-from edgellm.quant.convert import ConvertError, ConvertOptions, convert, main
+from edgellm.quant import convert_cli
+from edgellm.quant.convert import ConvertError, ConvertOptions, convert
+from edgellm.quant.convert_cli import main
 from tests.helpers.fixture_paths import FIXTURES, MISSING
 
 BASE = FIXTURES / "base" / "llama"
@@ -440,7 +442,7 @@ def test_sigterm_mid_run_leaves_no_out(tmp_path):
     out = tmp_path / "out"
     # enough calibration data that quantizing takes seconds (~5 s quiet): the signal must land inside
     # the run even when this test's threads are slow to wake on a loaded machine
-    cmd = [sys.executable, "-m", "edgellm.quant.convert", str(BASE), str(out), "--scheme", "w4a16-gptq",
+    cmd = [sys.executable, "-m", "edgellm.quant.convert_cli", str(BASE), str(out), "--scheme", "w4a16-gptq",
            "--num-samples", "512", "--seq-len", "256", "--no-eval"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "TQDM_MININTERVAL": "0"})
@@ -469,10 +471,10 @@ def test_add_convert_parser_sets_func():
 
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command")
-    cv.add_convert_parser(sub)
+    convert_cli.add_convert_parser(sub)
     args = parser.parse_args(["convert", "src", "out", "--scheme", "w4a16-awq", "--format", "awq",
                               "--ignore", "re:.*o_proj", "--kv-cache-dtype", "auto", "--asym"])
-    assert args.func is cv.cmd_convert and args.symmetric is False and args.ignore == ["re:.*o_proj"]
+    assert args.func is convert_cli.cmd_convert and args.symmetric is False and args.ignore == ["re:.*o_proj"]
 
 
 def test_convert_error_is_a_value_error():
