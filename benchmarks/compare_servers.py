@@ -47,29 +47,12 @@ from typing import Any
 import httpx
 
 from edgellm.bench.llama_cpp import LLAMA_DEFAULT, find_llama_server, llama_flags
-from edgellm.bench.report import machine_info
+from edgellm.bench.machine import machine_info, read_bandwidth
 from edgellm.bench.servers import Server, free_port, served_model
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
 SERVERS = ("edgellm", "hf", "llama-server")
-
-
-# ------------------------------------------------------------------------ machine
-def read_bandwidth(threads: int, repeats: int = 5, mbytes: int = 512) -> float:
-    """Memory read bandwidth in GB/s: the best of `repeats` sums over a tensor far beyond the caches."""
-    import torch
-
-    torch.set_num_threads(threads)
-    a = torch.ones(mbytes * (1 << 20) // 4)
-    a.sum()
-    best = math.inf
-    for _ in range(repeats):
-        t = time.perf_counter()
-        a.sum()
-        best = min(best, time.perf_counter() - t)
-    del a
-    return mbytes * (1 << 20) / best / 1e9
 
 
 def decode_weight_bytes(model: Any) -> dict[str, int]:

@@ -76,25 +76,24 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import math
 import os
 import platform
 import resource
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from edgellm.bench.report import cpu_name
-from edgellm.bench.servers import served_model
+from edgellm.bench.machine import load_average, machine_info
+from edgellm.bench.servers import ServerProcess, served_model
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "guidellm_check.json"
@@ -106,79 +105,15 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_
 # machine and server
 
 
-def machine() -> dict[str, Any]:
-    cpu = cpu_name()
-    mem_gib = math.nan
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem_gib = round(int(line.split()[1]) / 2**20, 1)
-                break
-    except OSError:
-        pass
-    try:
-        load = os.getloadavg()[0]
-    except OSError:
-        load = math.nan
-    versions: dict[str, str] = {"python": platform.python_version()}
+def versions() -> dict[str, str]:
+    """Versions of python and of the packages compared (or "not installed")."""
+    out: dict[str, str] = {"python": platform.python_version()}
     for pkg in ("torch", "guidellm", "edgellm"):
         try:
-            from importlib.metadata import version
-
-            versions[pkg] = version(pkg)
-        except Exception:  # noqa: BLE001  (a missing package is reported as such)
-            versions[pkg] = "not installed"
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": mem_gib, "os": platform.platform(),
-            "load_avg_1m_at_start": round(load, 2), "versions": versions,
-            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """`python -m edgellm.cli serve` on a free loopback port; ready once /health answers."""
-
-    def __init__(self, model: str | None, kv_cache_memory: str, log_path: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        cmd = [sys.executable, "-m", "edgellm.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-               "--no-access-log", "--kv-cache-memory", kv_cache_memory]
-        if model:
-            cmd += ["--model", model]
-        self._log = open(log_path, "wb")  # noqa: SIM115  (the server writes to it until stop())
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO)
-
-    def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited ({self.proc.returncode}):\n{self.log_tail()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"server not ready after {timeout:.0f}s:\n{self.log_tail()}")
-
-    def log_tail(self, n: int = 4000) -> str:
-        self._log.flush()
-        return self.log_path.read_text(errors="replace")[-n:]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
 
 
 def warm_up(url: str, model: str, n: int = 4) -> None:
@@ -402,10 +337,12 @@ def main() -> int:
               file=sys.stderr)
         return 2
 
-    info = machine()
+    info = machine_info()
+    info["versions"] = versions()
     work = Path(tempfile.mkdtemp(prefix="guidellm_check_"))
     tok_dir = save_tokenizer(args.model, work / "tokenizer")
-    server = Server(args.model, args.kv_cache_memory, work / "server.log")
+    serve_args = ["--kv-cache-memory", args.kv_cache_memory] + (["--model", args.model] if args.model else [])
+    server = ServerProcess(serve_args, work / "server.log", cwd=REPO)
     g_runs: list[dict[str, Any]] = []
     e_runs: list[dict[str, Any]] = []
     t_start = time.monotonic()
@@ -463,7 +400,7 @@ def main() -> int:
         "server": {"model": model,
                    "source": args.model or "embedded default (SmolLM2-135M-Instruct Q4_1 GGUF)",
                    "kv_cache_memory": args.kv_cache_memory},
-        "machine": {**info, "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
+        "machine": {**info, "load_avg_1m_at_end": load_average(),
                     "total_wall_s": round(time.monotonic() - t_start, 1)},
         "comparison": rows,
         "per_round": per_round,
@@ -475,7 +412,7 @@ def main() -> int:
     print(f"\nGuideLLM vs edgellm bench on edgellm serve ({model}): {args.concurrency} streams, "
           f"{args.requests} requests, {args.input_len} in / {args.output_len} out, {args.rounds} round(s)")
     print(f"machine: {info['cpu']}, {info['cores']} cores, {info['date']}, load average "
-          f"{info['load_avg_1m_at_start']} at start, {result['machine']['load_avg_1m_at_end']} at end\n")
+          f"{info['load_average_start']} at start, {result['machine']['load_avg_1m_at_end']} at end\n")
     print(format_table(rows))
     if args.rounds > 1:
         for pr in per_round:

@@ -19,18 +19,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import openai
+
+from edgellm import env
+from edgellm.bench.machine import machine_info
+from edgellm.bench.report import percentile
+from edgellm.bench.results import RESULTS, header, write_json
+from edgellm.bench.servers import ServerProcess
 
 SYSTEM = ("You are a friendly voice assistant for a travel company. Answer in two or three short spoken "
           "sentences, without lists or markdown.")
@@ -42,15 +42,6 @@ QUESTIONS = [
     "Is it safe to drive in Scotland?", "What is there to do in Oslo?", "How cold is Prague in January?",
     "Where can I go snorkeling in Europe?", "What is the best way to see Bali?",
 ]
-
-
-def _pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    if not s:
-        return float("nan")
-    k = (len(s) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
 async def one_request(client: openai.AsyncOpenAI, model: str, question: str, max_tokens: int) -> dict:
@@ -78,7 +69,7 @@ async def one_request(client: openai.AsyncOpenAI, model: str, question: str, max
 
 
 async def level(url: str, model: str, concurrency: int, per_client: int, max_tokens: int) -> dict:
-    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=os.environ.get("EDGELLM_API_KEY", "none"),
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=env.api_key() or "none",
                                 max_retries=0, timeout=600)
     results: list[dict] = []
 
@@ -95,43 +86,25 @@ async def level(url: str, model: str, concurrency: int, per_client: int, max_tok
     tps = [r["decode_tps"] for r in results]
     return {
         "concurrency": concurrency, "requests": len(results), "max_tokens": max_tokens,
-        "ttft_p50_ms": _pct(ttft, 0.5), "ttft_p95_ms": _pct(ttft, 0.95),
-        "server_ttft_p50_ms": _pct([r["server_ttft_ms"] for r in results if r["server_ttft_ms"]], 0.5),
+        "ttft_p50_ms": percentile(ttft, 50), "ttft_p95_ms": percentile(ttft, 95),
+        "server_ttft_p50_ms": percentile([r["server_ttft_ms"] for r in results if r["server_ttft_ms"]], 50),
         "decode_tps_per_stream": statistics.mean(tps),
         "total_tokens_per_s": sum(r["tokens"] for r in results) / wall,
         "mean_cached_prompt_tokens": statistics.mean(r["cached"] or 0 for r in results),
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str, str]:
-    port = _free_port()
-    cfg = Path(tempfile.mkdtemp()) / "models.yaml"
+def start_server(args: argparse.Namespace, log_dir: Path) -> tuple[ServerProcess, str]:
+    """`edgellm serve` of args.model (default: the embedded model) with SYSTEM warmed, ready;
+    returns it and its served name."""
+    cfg = log_dir / "models.yaml"
     source = str(Path(args.model).resolve()) if args.model else "default"
     cfg.write_text(f"models:\n  bench:\n    source: {json.dumps(source)}\n"
                    f"    warm_prompts: [{json.dumps(SYSTEM)}]\n")
-    cmd = [sys.executable, "-m", "edgellm.cli", "serve", "--config", str(cfg), "--model", "bench",
-           "--port", str(port), "--no-access-log", "--kv-cache-memory", args.kv_cache_memory]
-    log = open(cfg.parent / "server.log", "wb")  # noqa: SIM115  (the server writes to it)
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited; see {log.name}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url, "bench"
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("server did not start")
+    server = ServerProcess(["--config", str(cfg), "--model", "bench", "--kv-cache-memory",
+                            args.kv_cache_memory], log_dir / "server.log")
+    server.wait_ready(300)
+    return server, "bench"
 
 
 def main() -> None:
@@ -143,14 +116,16 @@ def main() -> None:
                     help="default: 8 for one stream, 3 per client above that")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--kv-cache-memory", default="512M")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "serve_latency.json"))
+    ap.add_argument("--out", default=str(RESULTS / "serve_latency.json"))
     args = ap.parse_args()
 
-    proc = None
+    server = None
+    log_dir = Path(tempfile.mkdtemp())
     if args.url:
         url, model = args.url.rstrip("/"), args.model or "smollm2-135m-instruct"
     else:
-        proc, url, model = start_server(args)
+        server, model = start_server(args, log_dir)
+        url = server.url
     try:
         asyncio.run(level(url, model, 1, 1, 4))  # warm-up
         rows = []
@@ -158,11 +133,11 @@ def main() -> None:
             per = args.requests_per_client or (8 if c == 1 else 3)
             rows.append(asyncio.run(level(url, model, c, per, args.max_tokens)))
     finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=30)
+        if server is not None:
+            server.stop()
 
-    print(f"\nedgellm serve latency: {model} on {platform.machine()}, {os.cpu_count()} CPUs, "
+    machine = machine_info()
+    print(f"\nedgellm serve latency: {model} on {machine['cpu']}, {machine['cores']} CPUs, "
           f"{args.max_tokens} output tokens per request\n")
     head = ("streams", "requests", "TTFT p50 ms", "TTFT p95 ms", "server TTFT p50", "decode tok/s/stream",
             "total tok/s", "cached prompt tok")
@@ -175,11 +150,8 @@ def main() -> None:
             f"{r['server_ttft_p50_ms']:>{len(head[4])}.1f}", f"{r['decode_tps_per_stream']:>{len(head[5])}.1f}",
             f"{r['total_tokens_per_s']:>{len(head[6])}.1f}", f"{r['mean_cached_prompt_tokens']:>{len(head[7])}.1f}",
         ]))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"model": model, "machine": platform.machine(), "cpus": os.cpu_count(),
-                               "rows": rows}, indent=2))
-    print(f"\nwrote {out}")
+    write_json(args.out, {**header(__doc__, __file__), "model": model, "machine": machine,
+                          "rows": rows})
 
 
 if __name__ == "__main__":
