@@ -77,7 +77,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import resource
@@ -90,8 +89,15 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from edgellm.bench.client import Target, send_one
+from edgellm.bench.datasets import BenchRequest
+from edgellm.bench.guidellm import (
+    compare,
+    format_table,
+    mean_of_rounds,
+    parse_edgellm,
+    parse_guidellm,
+)
 from edgellm.bench.machine import load_average, machine_info
 from edgellm.bench.servers import ServerProcess, served_model
 
@@ -118,13 +124,12 @@ def versions() -> dict[str, str]:
 
 def warm_up(url: str, model: str, n: int = 4) -> None:
     """A few short streamed requests, unrelated to either tool's prompts (no prefix-cache help)."""
+    target = Target(url, model, "chat", ignore_eos=True)
     for i in range(n):
-        body = {"model": model, "max_tokens": 16, "stream": True, "ignore_eos": True, "temperature": 0,
-                "messages": [{"role": "user", "content": f"Warm-up request {i}: count slowly to twenty."}]}
-        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=300) as resp:
-            resp.raise_for_status()
-            for _ in resp.iter_lines():
-                pass
+        msg = [{"role": "user", "content": f"Warm-up request {i}: count slowly to twenty."}]
+        result = send_one(target, BenchRequest(msg, None, 0, 16), 300)
+        if result is None or not result.ok:
+            raise RuntimeError(f"warm-up request failed: {result.error if result else 'no answer'}")
 
 
 def save_tokenizer(model: str | None, out_dir: Path) -> Path:
@@ -201,102 +206,6 @@ def edgellm_bench_cmd(url: str, model: str, tokenizer: str | None, args: argpars
     if tokenizer:
         cmd += ["--tokenizer", tokenizer]
     return cmd
-
-
-def _stat(dist: dict[str, Any], key: str) -> float:
-    if key == "mean":
-        return float(dist["mean"])
-    return float(dist["percentiles"][key])
-
-
-def parse_guidellm(path: Path) -> dict[str, Any]:
-    bench = json.loads(path.read_text())["benchmarks"][0]
-    m = bench["metrics"]
-    ok = {name: m[name]["successful"] for name in (
-        "time_to_first_token_ms", "inter_token_latency_ms", "time_per_output_token_ms",
-        "output_tokens_per_second", "request_latency", "output_token_count", "prompt_token_count")}
-    totals = m["request_totals"]
-    duration = float(bench["duration"])
-    out_tokens = float(ok["output_token_count"]["total_sum"])
-    return {
-        "completed": int(totals["successful"]), "errored": int(totals["errored"]),
-        "incomplete": int(totals["incomplete"]), "duration_s": duration,
-        "ttft_p50_ms": _stat(ok["time_to_first_token_ms"], "p50"),
-        "ttft_p95_ms": _stat(ok["time_to_first_token_ms"], "p95"),
-        "ttft_mean_ms": _stat(ok["time_to_first_token_ms"], "mean"),
-        # GuideLLM's ITL = (last - first token) / (n - 1): edgellm bench's TPOT.
-        "decode_ms_per_token_mean": _stat(ok["inter_token_latency_ms"], "mean"),
-        "decode_ms_per_token_p50": _stat(ok["inter_token_latency_ms"], "p50"),
-        # GuideLLM's TPOT includes the first token: (last token - start) / n.
-        "guidellm_tpot_incl_ttft_mean_ms": _stat(ok["time_per_output_token_ms"], "mean"),
-        "e2e_p50_ms": _stat(ok["request_latency"], "p50") * 1000,
-        "output_throughput_tok_s": float(ok["output_tokens_per_second"]["mean"]),
-        "output_throughput_from_totals_tok_s": out_tokens / duration if duration else math.nan,
-        "output_tokens_total": out_tokens,
-        "prompt_tokens_mean": _stat(ok["prompt_token_count"], "mean"),
-    }
-
-
-def parse_edgellm(path: Path) -> dict[str, Any]:
-    run = json.loads(path.read_text())["runs"][0]
-    return {
-        "completed": int(run["completed"]), "errored": int(run["failed"]), "incomplete": 0,
-        "duration_s": float(run["duration_s"]),
-        "ttft_p50_ms": float(run["ttft_ms"]["median"]), "ttft_p95_ms": float(run["ttft_ms"]["p95"]),
-        "ttft_mean_ms": float(run["ttft_ms"]["mean"]),
-        "decode_ms_per_token_mean": float(run["tpot_ms"]["mean"]),
-        "decode_ms_per_token_p50": float(run["tpot_ms"]["median"]),
-        "itl_mean_ms": float(run["itl_ms"]["mean"]),
-        "e2e_p50_ms": float(run["e2e_ms"]["median"]),
-        "output_throughput_tok_s": float(run["output_token_throughput"]),
-        "output_tokens_total": float(run["total_output_tokens"]),
-        "prompt_tokens_mean": run["total_input_tokens"] / max(1, run["completed"]),
-        "errors": run.get("errors", []),
-    }
-
-
-ROWS = (
-    ("TTFT p50 (ms)", "ttft_p50_ms"),
-    ("TTFT p95 (ms)", "ttft_p95_ms"),
-    ("TTFT mean (ms)", "ttft_mean_ms"),
-    ("decode ms/token mean (ITL | TPOT)", "decode_ms_per_token_mean"),
-    ("decode ms/token p50", "decode_ms_per_token_p50"),
-    ("E2E latency p50 (ms)", "e2e_p50_ms"),
-    ("output throughput (tok/s)", "output_throughput_tok_s"),
-    ("completed requests", "completed"),
-    ("output tokens", "output_tokens_total"),
-)
-
-
-def compare(g: dict[str, Any], e: dict[str, Any]) -> list[dict[str, Any]]:
-    rows = []
-    for title, key in ROWS:
-        gv, ev = float(g[key]), float(e[key])
-        rows.append({"metric": title, "key": key, "guidellm": gv, "edgellm_bench": ev,
-                     "ratio_edgellm_over_guidellm": ev / gv if gv else math.nan})
-    return rows
-
-
-def format_table(rows: list[dict[str, Any]]) -> str:
-    w = max(len(r["metric"]) for r in rows)
-    lines = [f"{'metric':<{w}}  {'guidellm':>10}  {'edgellm bench':>13}  {'ratio e/g':>9}",
-             f"{'-' * w}  {'-' * 10}  {'-' * 13}  {'-' * 9}"]
-    for r in rows:
-        lines.append(f"{r['metric']:<{w}}  {r['guidellm']:>10.1f}  {r['edgellm_bench']:>13.1f}  "
-                     f"{r['ratio_edgellm_over_guidellm']:>9.3f}")
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------------------
-
-
-def mean_of_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per-metric mean over rounds (numeric fields only)."""
-    out: dict[str, Any] = {}
-    for key, value in runs[0].items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[key] = sum(float(r[key]) for r in runs) / len(runs)
-    return out
 
 
 def run_tool(name: str, cmd: list[str], json_path: Path, log_path: Path, timeout: float) -> dict[str, Any]:

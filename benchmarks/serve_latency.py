@@ -2,7 +2,7 @@
 
 Starts the server on a free port (the embedded default model unless --model),
 then for each concurrency level runs that many closed-loop streaming clients
-(the official openai client). Every request is a voice-agent turn: the same
+(the streaming client of `edgellm bench`). Every request is a voice-agent turn: the same
 system prompt (warmed into the prefix cache at start-up), a different user
 question, a fixed number of output tokens (ignore_eos). TTFT is measured on
 the client, from sending the request to the first content chunk; decode
@@ -24,9 +24,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import openai
+import httpx
 
 from edgellm import env
+from edgellm.bench.client import Target, send
+from edgellm.bench.datasets import BenchRequest
 from edgellm.bench.machine import machine_info
 from edgellm.bench.report import percentile
 from edgellm.bench.results import RESULTS, header, write_json
@@ -44,44 +46,35 @@ QUESTIONS = [
 ]
 
 
-async def one_request(client: openai.AsyncOpenAI, model: str, question: str, max_tokens: int) -> dict:
-    t0 = time.perf_counter()
-    stream = await client.chat.completions.create(
-        model=model, temperature=0, max_tokens=max_tokens, stream=True,
-        messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
-    first = last = None
-    tokens = 0
-    server_timing = None
-    async for chunk in stream:
-        now = time.perf_counter()
-        if chunk.choices and chunk.choices[0].delta.content:
-            if first is None:
-                first = now
-            last = now
-        if chunk.usage is not None:
-            tokens = chunk.usage.completion_tokens
-            server_timing = (chunk.model_extra or {}).get("edgellm_timing")
-    assert first is not None and last is not None
-    return {"ttft": first - t0, "decode_tps": (tokens - 1) / (last - first) if last > first else float("nan"),
-            "tokens": tokens, "server_ttft_ms": (server_timing or {}).get("ttft_ms"),
-            "cached": (server_timing or {}).get("cached_tokens")}
+async def one_request(client: httpx.AsyncClient, target: Target, question: str, max_tokens: int) -> dict:
+    """One streamed voice turn: TTFT and decode rate seen by the client, the server's own TTFT and
+    cached prompt tokens (from edgellm_timing)."""
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+    r = await send(client, target, BenchRequest(messages, None, 0, max_tokens))
+    if not r.ok:
+        raise RuntimeError(f"request failed: {r.error}")
+    decode_s = sum(r.itl)
+    timing = r.server_timing or {}
+    return {"ttft": r.ttft, "decode_tps": (r.output_tokens - 1) / decode_s if decode_s > 0 else float("nan"),
+            "tokens": r.output_tokens, "server_ttft_ms": timing.get("ttft_ms"),
+            "cached": timing.get("cached_tokens")}
 
 
 async def level(url: str, model: str, concurrency: int, per_client: int, max_tokens: int) -> dict:
-    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=env.api_key() or "none",
-                                max_retries=0, timeout=600)
+    """`concurrency` closed-loop clients, `per_client` requests each; the level's summary."""
+    target = Target(url, model, "chat", env.api_key(), ignore_eos=True, timeout=600)
     results: list[dict] = []
 
-    async def worker(w: int) -> None:
-        for i in range(per_client):
-            q = QUESTIONS[(w * per_client + i) % len(QUESTIONS)]
-            results.append(await one_request(client, model, q, max_tokens))
+    async with httpx.AsyncClient(timeout=600) as client:
 
-    t0 = time.perf_counter()
-    await asyncio.gather(*[worker(w) for w in range(concurrency)])
-    wall = time.perf_counter() - t0
-    await client.close()
+        async def worker(w: int) -> None:
+            for i in range(per_client):
+                q = QUESTIONS[(w * per_client + i) % len(QUESTIONS)]
+                results.append(await one_request(client, target, q, max_tokens))
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*[worker(w) for w in range(concurrency)])
+        wall = time.perf_counter() - t0
     ttft = [r["ttft"] * 1000 for r in results]
     tps = [r["decode_tps"] for r in results]
     return {

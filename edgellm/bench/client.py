@@ -29,6 +29,7 @@ class RequestResult:
     start: float = 0.0
     text: str = ""  # the content received, joined
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, when the server sends it
+    server_timing: dict[str, Any] | None = None  # edgellm_timing of the usage chunk (edgellm serve only)
 
     @property
     def tpot(self) -> float | None:
@@ -110,6 +111,7 @@ async def send(client: httpx.AsyncClient, target: Target, req: BenchRequest) -> 
                 if chunk.get("usage"):
                     usage_tokens = chunk["usage"].get("completion_tokens")
                     result.cached_tokens = (chunk["usage"].get("prompt_tokens_details") or {}).get("cached_tokens")
+                    result.server_timing = chunk.get("edgellm_timing")
                 content = content_of(chunk)
                 if not content:
                     continue
