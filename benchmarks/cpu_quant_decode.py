@@ -38,6 +38,7 @@ LONG = ("You are a friendly voice assistant for a travel agency. Keep answers sh
 
 
 def gemm_sweep(repeats: int) -> list[dict[str, float]]:
+    from edgellm.platform import Platform
     from edgellm.quant.backends import CpuInt4Kernel
     from edgellm.quant.schemes import Int4Codes
 
@@ -46,7 +47,8 @@ def gemm_sweep(repeats: int) -> list[dict[str, float]]:
     codes = torch.randint(0, 16, (n, k), dtype=torch.int32)
     scales = torch.rand(n, k // gs).half().float() / 100
     offsets = -torch.rand(n, k // gs).half().float() / 10
-    kernel = CpuInt4Kernel.build(Int4Codes(codes, None, scales, gs, offsets=offsets), torch.float32)
+    kernel = CpuInt4Kernel.build(Int4Codes(codes, None, scales, gs, offsets=offsets), torch.float32,
+                                 Platform(cpu_quant="fast"))
     dense = kernel.dense()
     dense_bf16 = dense.bfloat16()
     rows = []
