@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import math
 import os
@@ -46,8 +45,10 @@ from typing import Any
 
 import httpx
 
+from edgellm.bench.comparison import level_row, plot, print_report, ratios
 from edgellm.bench.llama_cpp import LLAMA_DEFAULT, find_llama_server, llama_flags
-from edgellm.bench.report import machine_info
+from edgellm.bench.machine import machine_info, read_bandwidth
+from edgellm.bench.roofline import edgellm_roofline_bytes
 from edgellm.bench.servers import Server, free_port, served_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,78 +56,6 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SERVERS = ("edgellm", "hf", "llama-server")
 
 
-# ------------------------------------------------------------------------ machine
-def read_bandwidth(threads: int, repeats: int = 5, mbytes: int = 512) -> float:
-    """Memory read bandwidth in GB/s: the best of `repeats` sums over a tensor far beyond the caches."""
-    import torch
-
-    torch.set_num_threads(threads)
-    a = torch.ones(mbytes * (1 << 20) // 4)
-    a.sum()
-    best = math.inf
-    for _ in range(repeats):
-        t = time.perf_counter()
-        a.sum()
-        best = min(best, time.perf_counter() - t)
-    del a
-    return mbytes * (1 << 20) / best / 1e9
-
-
-def decode_weight_bytes(model: Any) -> dict[str, int]:
-    """Bytes of weights one decode step reads in a loaded edgellm model: every linear once
-    (what its kernel reads for a decode-sized step: packed int4 codes + scales for the int4
-    GEMV, else its matrix), the norms, one embedding row, and the matrix the logits
-    multiply by (lm_head, or the embedding when tied)."""
-    from edgellm.layers.linear import Linear
-
-    def nbytes(t: Any) -> int:
-        return t.numel() * t.element_size() if t is not None and hasattr(t, "element_size") else 0
-
-    linear = norms = 0
-    for module in model.modules():
-        if isinstance(module, Linear):
-            kernel = getattr(module, "kernel", None)
-            if kernel is not None and hasattr(kernel, "packed"):  # the CPU int4 GEMV
-                linear += nbytes(kernel.packed) + nbytes(getattr(kernel, "scale_zero", None))
-            elif kernel is not None and hasattr(kernel, "qweight"):  # integer dots: codes, scales, offsets
-                linear += nbytes(kernel.qweight) + nbytes(kernel.scale) + nbytes(kernel.offset)
-            elif kernel is not None:
-                linear += sum(nbytes(v) for v in vars(kernel).values() if hasattr(v, "element_size"))
-            else:
-                linear += sum(nbytes(p) for p in module.parameters(recurse=False))
-                linear += sum(nbytes(b) for b in module.buffers(recurse=False))
-            if getattr(module, "bias", None) is not None and kernel is not None:
-                linear += nbytes(module.bias)
-        elif "norm" in type(module).__name__.lower():
-            norms += sum(nbytes(p) for p in module.parameters(recurse=False))
-    emb = model.model.embed_tokens.weight
-    head = nbytes(emb) if getattr(model, "lm_head", None) is None else 0  # tied: logits read the embedding
-    fast_head = getattr(model, "fast_logits", None)
-    if fast_head is not None:  # the CPU int8 logits head reads its int8 codes and row scales instead
-        head = nbytes(fast_head.codes) + nbytes(getattr(fast_head, "scales", getattr(fast_head, "scale", None)))
-    row = emb.shape[1] * emb.element_size()
-    return {"linears": linear, "norms": norms, "tied_logits_matrix": head, "embedding_row": row,
-            "total": linear + norms + head + row}
-
-
-def edgellm_roofline_bytes(cpu_kernels: str | None, model_path: Path | None) -> dict[str, Any]:
-    """Load the model as `edgellm serve` does (same CPU kernel mode) and count."""
-    from edgellm import LLM
-
-    if cpu_kernels:
-        os.environ["EDGELLM_CPU_QUANT"] = cpu_kernels
-    llm = LLM(str(model_path) if model_path else None, kv_cache_memory=32 << 20, max_model_len=256,
-              enable_prefix_caching=False)
-    model = llm.engine.model
-    out: dict[str, Any] = decode_weight_bytes(model)
-    out["dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
-    out["cpu_kernels"] = cpu_kernels or os.environ.get("EDGELLM_CPU_QUANT", "auto")
-    del llm, model
-    gc.collect()
-    return out
-
-
-# ------------------------------------------------------------------------ servers
 def build_servers(args: argparse.Namespace, log_dir: Path, gguf: Path) -> tuple[list[Server], dict[str, str]]:
     """The servers to run, and why any asked-for one is skipped."""
     wanted = [s.strip() for s in args.servers.split(",") if s.strip()]
@@ -222,129 +151,6 @@ def bench_server(server: Server, tokenizer: Any, args: argparse.Namespace) -> di
     return {"model": model, "levels": levels}
 
 
-# ------------------------------------------------------------------------ report
-def _fmt(x: Any, spec: str = ".1f") -> str:
-    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
-
-
-def _level(report: dict[str, Any], server: str, workload: str, c: int) -> dict[str, Any] | None:
-    entry = report["servers"].get(server) or {}
-    for row in entry.get("levels", []):
-        if row["workload"] == workload and row["concurrency"] == c:
-            return row
-    return None
-
-
-def ratios(report: dict[str, Any], levels: list[int]) -> dict[str, list[dict[str, Any]]]:
-    """edgellm / other for throughputs (>1: edgellm faster); other / edgellm for TTFT (>1: edgellm sooner)."""
-    out: dict[str, list[dict[str, Any]]] = {}
-    for other in ("hf", "llama-server"):
-        rows = []
-        for c in levels:
-            e, o = _level(report, "edgellm", "random", c), _level(report, other, "random", c)
-            if not e or not o:
-                continue
-
-            def div(a: float, b: float) -> float:
-                return a / b if b and math.isfinite(a) and math.isfinite(b) else math.nan
-
-            rows.append({"concurrency": c,
-                         "output_tok_s_x": div(e["output_tok_s"], o["output_tok_s"]),
-                         "decode_per_stream_x": div(e["decode_tok_s_per_stream"], o["decode_tok_s_per_stream"]),
-                         "ttft_p50_speedup_x": div(o["ttft_p50_ms"], e["ttft_p50_ms"]),
-                         "ttft_p95_speedup_x": div(o["ttft_p95_ms"], e["ttft_p95_ms"])})
-        if rows:
-            out[f"edgellm_vs_{other}"] = rows
-    return out
-
-
-def print_report(report: dict[str, Any]) -> None:
-    m = report["machine"]
-    print(f"\n{m['cpu']}, {m['cores']} cores, {m['threads']} threads, torch {m['torch']}, {m['date']}")
-    if m.get("busy"):
-        print(f"warning: busy machine (load average {m['load_average_start']:.1f} at start): numbers distorted")
-    s = report["settings"]
-    print(f"random workload: {s['input_len']} prompt tokens, {s['output_len']} output tokens (ignore_eos), "
-          f"greedy, chat endpoint\n")
-    head = ["server", "workload", "streams", "ok/sent", "TTFT p50 ms", "TTFT p95 ms", "decode tok/s/stream",
-            "output tok/s"]
-    rows = []
-    for name, entry in report["servers"].items():
-        if entry.get("status") != "ok":
-            rows.append([name, "-", "-", "-", entry.get("status", "?"), "", "", ""])
-            continue
-        for r in entry["levels"]:
-            rows.append([name, r["workload"], str(r["concurrency"]), f"{r['completed']}/{r['requests']}",
-                         _fmt(r["ttft_p50_ms"]), _fmt(r["ttft_p95_ms"]), _fmt(r["decode_tok_s_per_stream"]),
-                         _fmt(r["output_tok_s"])])
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
-    print(" | ".join(h.rjust(w) for h, w in zip(head, widths)))
-    print("-+-".join("-" * w for w in widths))
-    for r in rows:
-        print(" | ".join(v.rjust(w) for v, w in zip(r, widths)))
-    for name, entry in report["servers"].items():
-        if entry.get("status") != "ok":
-            print(f"\n{name}: {entry.get('status')}: {entry.get('reason', '')}")
-    for key, rows_ in report["ratios"].items():
-        print(f"\n{key.replace('_', ' ')} (>1: edgellm better)")
-        print(" streams | output tok/s x | decode/stream x | TTFT p50 speedup | TTFT p95 speedup")
-        for r in rows_:
-            print(f" {r['concurrency']:>7} | {_fmt(r['output_tok_s_x'], '.2f'):>14} | "
-                  f"{_fmt(r['decode_per_stream_x'], '.2f'):>15} | {_fmt(r['ttft_p50_speedup_x'], '.2f'):>16} | "
-                  f"{_fmt(r['ttft_p95_speedup_x'], '.2f'):>16}")
-    rl = report.get("roofline") or {}
-    if rl.get("bytes_per_token"):
-        print(f"\ndecode roofline: read bandwidth {_fmt(rl['read_GBps'])} GB/s / "
-              f"{rl['bytes_per_token'] / 1e6:.1f} MB of weights per token ({rl['weights']['dtype']}, "
-              f"cpu kernels {rl['weights']['cpu_kernels']}) = {_fmt(rl['roofline_tok_s'])} tok/s; "
-              f"edgellm single stream {_fmt(rl.get('edgellm_single_stream_tok_s'))} tok/s = "
-              f"{_fmt(100 * rl.get('fraction', math.nan))}% of it")
-    elif rl.get("error"):
-        print(f"\ndecode roofline: not computed ({rl['error']})")
-
-
-def plot(report: dict[str, Any], path: Path, cdf_level: int) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
-    for name, entry in report["servers"].items():
-        if entry.get("status") != "ok":
-            continue
-        row = _level(report, name, "random", cdf_level)
-        if row and row["ttft_samples_ms"]:
-            xs = row["ttft_samples_ms"]
-            axes[0].step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=name)
-        rows = [r for r in entry["levels"] if r["workload"] == "random"]
-        cs = [r["concurrency"] for r in rows]
-        axes[1].plot(cs, [r["output_tok_s"] for r in rows], marker="o", label=name)
-        axes[2].plot(cs, [r["decode_tok_s_per_stream"] for r in rows], marker="o", label=name)
-    rl = report.get("roofline") or {}
-    if rl.get("roofline_tok_s"):
-        axes[2].axhline(rl["roofline_tok_s"], color="gray", ls="--", lw=1, label="edgellm weights roofline")
-    axes[0].set(title=f"TTFT CDF at {cdf_level} concurrent streams", xlabel="ms", ylabel="fraction")
-    axes[0].set_xscale("log")
-    axes[1].set(title="Total output throughput", xlabel="concurrent streams", ylabel="tok/s")
-    axes[2].set(title="Decode speed per stream (1 / median TPOT)", xlabel="concurrent streams", ylabel="tok/s")
-    levels = report["settings"]["levels"]
-    for ax in axes[1:]:
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(levels, [str(c) for c in levels])
-        ax.set_ylim(bottom=0)
-    axes[0].set_ylim(0, 1.02)
-    for ax in axes:
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    m = report["machine"]
-    fig.suptitle(f"SmolLM2-135M-Instruct Q4_1 on {m['cpu']} ({m['threads']} threads), {m['date'][:10]}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-# -------------------------------------------------------------------------- main
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None,
@@ -459,7 +265,7 @@ def main() -> int:
             weights = edgellm_roofline_bytes(edgellm_kernels, Path(args.model) if args.model else None)
             rl.update(weights=weights, bytes_per_token=weights["total"],
                       roofline_tok_s=bandwidth * 1e9 / weights["total"])
-            single = _level(report, "edgellm", "random", 1)
+            single = level_row(report, "edgellm", "random", 1)
             if single:
                 rl["edgellm_single_stream_tok_s"] = single["decode_tok_s_per_stream"]
                 rl["fraction"] = single["decode_tok_s_per_stream"] / rl["roofline_tok_s"]

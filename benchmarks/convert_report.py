@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import shutil
 import tempfile
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from edgellm.bench.machine import cpu_name, machine_info
 from edgellm.quant.convert import ConvertOptions, convert
 
 DEFAULT_SCHEMES = ["w4a16-rtn", "w4a16-gptq", "w4a16-awq", "w8a16-int8", "w8a8-int8", "fp8-dynamic", "fp8-static"]
@@ -85,12 +85,12 @@ def main() -> None:
               f"| {r['size_bytes']['quantized'] / 2**20:.1f} | {r['convert_seconds']:.0f} "
               f"| {'n/a' if tps is None else f'{tps:.1f}'} |")
     print(f"\nsource size: {rows[0]['size_bytes']['source'] / 2**20:.1f} MiB (fp16); eval path: "
-          f"{sorted({r.get('eval_path') for r in rows})}; machine: {platform.processor() or platform.machine()}, "
+          f"{sorted({r.get('eval_path') for r in rows})}; machine: {cpu_name()}, "
           f"{torch.get_num_threads()} threads; source fp16 decode: "
           f"{'n/a' if source_tps is None else f'{source_tps:.1f}'} tok/s")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"rows": rows, "args": vars(args), "source_decode_tokens_per_s": source_tps}, indent=2))
+    out.write_text(json.dumps({"machine": machine_info(), "rows": rows, "args": vars(args), "source_decode_tokens_per_s": source_tps}, indent=2))
 
 
 if __name__ == "__main__":

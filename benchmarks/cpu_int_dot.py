@@ -18,10 +18,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from edgellm.bench.report import cpu_name
+from edgellm.bench.machine import cpu_name, machine_info
 from edgellm.cpu_isa import select
 from edgellm.kernels import cpu_native
-from edgellm.kernels.reference import int_weight_ref, pack_int4_blocks_ref, pack_int_n16_ref, tile_n16_ref
+from edgellm.kernels.reference import (
+    int_weight_ref,
+    pack_int4_blocks_ref,
+    pack_int_n16_ref,
+    tile_n16_ref,
+)
 from edgellm.quant.linear_kernels.onednn import bf16_linear, pack_bf16, packed_available
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # SmolLM2-135M: qkv, o, gate_up, down
@@ -88,8 +93,7 @@ def main() -> None:
             "command": "python benchmarks/cpu_int_dot.py --rows " + args.rows,
             "what": "ms per SmolLM2-135M layer (qkv 960x576, o 576x576, gate_up 3072x576, down 576x1536), "
                     f"{args.layers} layers' random int4 weights (g=32, fp16 scale/offset) cycled; best of 3",
-            "machine": f"{cpu_name()}, isa {isa.describe()}, torch {torch.__version__}, "
-                       f"{torch.get_num_threads()} threads",
+            "machine": {**machine_info(), "isa": isa.describe()},
             "date": time.strftime("%Y-%m-%d"),
             "ms_per_layer": table,
         }, indent=1))

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from edgellm import LLM
-from edgellm.bench.report import cpu_name
+from edgellm.bench.machine import machine_info
 from edgellm.cpu_isa import select
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,7 +79,7 @@ def main() -> None:
     for name, r in rows.items():
         print(f"{name:28s} perplexity {r['perplexity']:.4f}  top-1 = exact {100 * r['top1_agreement_with_exact']:.2f}%"
               f"  max |logit diff| {r['max_logit_diff']:.3f}")
-    out = {"machine": {"cpu": cpu_name(), "isa": select().describe(), "threads": torch.get_num_threads()},
+    out = {"machine": {**machine_info(), "isa": select().describe()},
            "date": time.strftime("%Y-%m-%d %H:%M"), "tokens": sum(len(c) for c in data),
            "text": [str(p.relative_to(ROOT)) for p in TEXTS], "modes": rows}
     Path(args.out).write_text(json.dumps(out, indent=2))

@@ -29,40 +29,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from edgellm.bench.report import cpu_name
+from edgellm.bench.machine import bandwidth, best_of, describe, machine_info
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.",
            "Explain gravity to a child.", "List three uses of copper."]
 LONG = ("You are a friendly voice assistant for a travel agency. Keep answers short, "
         "spoken-style, and polite. ") * 10
-
-
-def machine() -> str:
-    cpu = cpu_name()
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-            f"load average {load:.1f} at start")
-
-
-def best_of(fn, repeats: int, inner: int = 1) -> float:
-    """Seconds per call: the minimum over repeats (the machine may be shared)."""
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        best = min(best, (time.perf_counter() - t) / inner)
-    return best
-
-
-def bandwidth(repeats: int) -> dict[str, float]:
-    n = 256 << 20  # bytes: far beyond the caches
-    a = torch.ones(n // 4)
-    b = torch.empty_like(a)
-    copy = best_of(lambda: b.copy_(a), repeats)
-    read = best_of(lambda: a.sum(), repeats)
-    return {"copy_GBps": 2 * n / copy / 1e9, "read_GBps": n / read / 1e9}
 
 
 def gemm_sweep(repeats: int) -> list[dict[str, float]]:
@@ -157,8 +129,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    info = machine()
-    print(info)
+    info = machine_info()
+    print(describe(info))
 
     bw = bandwidth(args.repeats * 2)
     print(f"\nmemory bandwidth: copy {bw['copy_GBps']:.1f} GB/s (read+write), read {bw['read_GBps']:.1f} GB/s")

@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from edgellm.bench.report import cpu_name  # noqa: E402
-from edgellm.platform import Platform  # noqa: E402
-from edgellm.quant import gguf_blocks  # noqa: E402
-from edgellm.quant.linear_kernels.cpu_int import CpuIntDotKernel  # noqa: E402
-from tests.helpers.gguf_files import random_rows  # noqa: E402
+from edgellm.bench.gguf_rows import random_rows
+from edgellm.bench.machine import machine_info
+from edgellm.platform import Platform
+from edgellm.quant import gguf_blocks
+from edgellm.quant.linear_kernels.cpu_int import CpuIntDotKernel
 
 SHAPES = {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072)}
 # per module: one type, or per-shard types with their row counts (q 2048, k 1024, v 1024)
@@ -60,7 +58,7 @@ def main() -> None:
         raise SystemExit("the C++ CPU kernels are not available on this machine")
     built = {name: [{m: kernel(t, *SHAPES[m], native, platform) for m, t in spec.items()}
                     for _ in range(args.layers)] for name, spec in LAYERS.items()}
-    result: dict = {"cpu": cpu_name(), "isa": platform.isa.describe(), "threads": torch.get_num_threads(),
+    result: dict = {"machine": machine_info(), "isa": platform.isa.describe(),
                     "shapes": "Qwen3-0.6B", "ms_per_layer": {}, "vs_Q4_0": {}}
     for rows in [int(r) for r in args.rows.split(",")]:
         xs = {m: torch.randn(rows, k) for m, (_, k) in SHAPES.items()}

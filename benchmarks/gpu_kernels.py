@@ -26,17 +26,15 @@ from pathlib import Path
 if "--dry-run" in sys.argv and not os.environ.get("TRITON_INTERPRET"):
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 
-import torch  # noqa: E402
+import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from edgellm.kernels.dequant_gemm import w4a16_gemm, w8a16_gemm  # noqa: E402
-from edgellm.kernels.fp8_gemm import fp8_gemm, fp8_gemm_ref  # noqa: E402
-from edgellm.kernels.grouped_gemm import w8g_gemm, w8g_gemm_ref  # noqa: E402
-from edgellm.kernels.int4_layouts import repack_int4, unpack_int4_weight  # noqa: E402
-from edgellm.kernels.kv_cache import write_kv_triton  # noqa: E402
-from edgellm.kernels.paged_attention import paged_attention_ref  # noqa: E402
-from edgellm.kernels.paged_attention_triton import paged_attention_triton  # noqa: E402
+from edgellm.kernels.dequant_gemm import w4a16_gemm, w8a16_gemm
+from edgellm.kernels.fp8_gemm import fp8_gemm, fp8_gemm_ref
+from edgellm.kernels.grouped_gemm import w8g_gemm, w8g_gemm_ref
+from edgellm.kernels.int4_layouts import repack_int4, unpack_int4_weight
+from edgellm.kernels.kv_cache import write_kv_triton
+from edgellm.kernels.paged_attention import paged_attention_ref
+from edgellm.kernels.paged_attention_triton import paged_attention_triton
 
 # (name, hidden, intermediate, q heads, kv heads, head_dim)
 MODELS = [

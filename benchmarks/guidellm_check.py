@@ -76,25 +76,30 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import math
 import os
 import platform
 import resource
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from edgellm.bench.report import cpu_name
-from edgellm.bench.servers import served_model
+from edgellm.bench.client import Target, send_one
+from edgellm.bench.datasets import BenchRequest
+from edgellm.bench.guidellm import (
+    compare,
+    format_table,
+    mean_of_rounds,
+    parse_edgellm,
+    parse_guidellm,
+)
+from edgellm.bench.machine import load_average, machine_info
+from edgellm.bench.servers import ServerProcess, served_model
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "guidellm_check.json"
@@ -106,90 +111,25 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_
 # machine and server
 
 
-def machine() -> dict[str, Any]:
-    cpu = cpu_name()
-    mem_gib = math.nan
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem_gib = round(int(line.split()[1]) / 2**20, 1)
-                break
-    except OSError:
-        pass
-    try:
-        load = os.getloadavg()[0]
-    except OSError:
-        load = math.nan
-    versions: dict[str, str] = {"python": platform.python_version()}
+def versions() -> dict[str, str]:
+    """Versions of python and of the packages compared (or "not installed")."""
+    out: dict[str, str] = {"python": platform.python_version()}
     for pkg in ("torch", "guidellm", "edgellm"):
         try:
-            from importlib.metadata import version
-
-            versions[pkg] = version(pkg)
-        except Exception:  # noqa: BLE001  (a missing package is reported as such)
-            versions[pkg] = "not installed"
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": mem_gib, "os": platform.platform(),
-            "load_avg_1m_at_start": round(load, 2), "versions": versions,
-            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """`python -m edgellm.cli serve` on a free loopback port; ready once /health answers."""
-
-    def __init__(self, model: str | None, kv_cache_memory: str, log_path: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        cmd = [sys.executable, "-m", "edgellm.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-               "--no-access-log", "--kv-cache-memory", kv_cache_memory]
-        if model:
-            cmd += ["--model", model]
-        self._log = open(log_path, "wb")  # noqa: SIM115  (the server writes to it until stop())
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO)
-
-    def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited ({self.proc.returncode}):\n{self.log_tail()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"server not ready after {timeout:.0f}s:\n{self.log_tail()}")
-
-    def log_tail(self, n: int = 4000) -> str:
-        self._log.flush()
-        return self.log_path.read_text(errors="replace")[-n:]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
 
 
 def warm_up(url: str, model: str, n: int = 4) -> None:
     """A few short streamed requests, unrelated to either tool's prompts (no prefix-cache help)."""
+    target = Target(url, model, "chat", ignore_eos=True)
     for i in range(n):
-        body = {"model": model, "max_tokens": 16, "stream": True, "ignore_eos": True, "temperature": 0,
-                "messages": [{"role": "user", "content": f"Warm-up request {i}: count slowly to twenty."}]}
-        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=300) as resp:
-            resp.raise_for_status()
-            for _ in resp.iter_lines():
-                pass
+        msg = [{"role": "user", "content": f"Warm-up request {i}: count slowly to twenty."}]
+        result = send_one(target, BenchRequest(msg, None, 0, 16), 300)
+        if result is None or not result.ok:
+            raise RuntimeError(f"warm-up request failed: {result.error if result else 'no answer'}")
 
 
 def save_tokenizer(model: str | None, out_dir: Path) -> Path:
@@ -268,102 +208,6 @@ def edgellm_bench_cmd(url: str, model: str, tokenizer: str | None, args: argpars
     return cmd
 
 
-def _stat(dist: dict[str, Any], key: str) -> float:
-    if key == "mean":
-        return float(dist["mean"])
-    return float(dist["percentiles"][key])
-
-
-def parse_guidellm(path: Path) -> dict[str, Any]:
-    bench = json.loads(path.read_text())["benchmarks"][0]
-    m = bench["metrics"]
-    ok = {name: m[name]["successful"] for name in (
-        "time_to_first_token_ms", "inter_token_latency_ms", "time_per_output_token_ms",
-        "output_tokens_per_second", "request_latency", "output_token_count", "prompt_token_count")}
-    totals = m["request_totals"]
-    duration = float(bench["duration"])
-    out_tokens = float(ok["output_token_count"]["total_sum"])
-    return {
-        "completed": int(totals["successful"]), "errored": int(totals["errored"]),
-        "incomplete": int(totals["incomplete"]), "duration_s": duration,
-        "ttft_p50_ms": _stat(ok["time_to_first_token_ms"], "p50"),
-        "ttft_p95_ms": _stat(ok["time_to_first_token_ms"], "p95"),
-        "ttft_mean_ms": _stat(ok["time_to_first_token_ms"], "mean"),
-        # GuideLLM's ITL = (last - first token) / (n - 1): edgellm bench's TPOT.
-        "decode_ms_per_token_mean": _stat(ok["inter_token_latency_ms"], "mean"),
-        "decode_ms_per_token_p50": _stat(ok["inter_token_latency_ms"], "p50"),
-        # GuideLLM's TPOT includes the first token: (last token - start) / n.
-        "guidellm_tpot_incl_ttft_mean_ms": _stat(ok["time_per_output_token_ms"], "mean"),
-        "e2e_p50_ms": _stat(ok["request_latency"], "p50") * 1000,
-        "output_throughput_tok_s": float(ok["output_tokens_per_second"]["mean"]),
-        "output_throughput_from_totals_tok_s": out_tokens / duration if duration else math.nan,
-        "output_tokens_total": out_tokens,
-        "prompt_tokens_mean": _stat(ok["prompt_token_count"], "mean"),
-    }
-
-
-def parse_edgellm(path: Path) -> dict[str, Any]:
-    run = json.loads(path.read_text())["runs"][0]
-    return {
-        "completed": int(run["completed"]), "errored": int(run["failed"]), "incomplete": 0,
-        "duration_s": float(run["duration_s"]),
-        "ttft_p50_ms": float(run["ttft_ms"]["median"]), "ttft_p95_ms": float(run["ttft_ms"]["p95"]),
-        "ttft_mean_ms": float(run["ttft_ms"]["mean"]),
-        "decode_ms_per_token_mean": float(run["tpot_ms"]["mean"]),
-        "decode_ms_per_token_p50": float(run["tpot_ms"]["median"]),
-        "itl_mean_ms": float(run["itl_ms"]["mean"]),
-        "e2e_p50_ms": float(run["e2e_ms"]["median"]),
-        "output_throughput_tok_s": float(run["output_token_throughput"]),
-        "output_tokens_total": float(run["total_output_tokens"]),
-        "prompt_tokens_mean": run["total_input_tokens"] / max(1, run["completed"]),
-        "errors": run.get("errors", []),
-    }
-
-
-ROWS = (
-    ("TTFT p50 (ms)", "ttft_p50_ms"),
-    ("TTFT p95 (ms)", "ttft_p95_ms"),
-    ("TTFT mean (ms)", "ttft_mean_ms"),
-    ("decode ms/token mean (ITL | TPOT)", "decode_ms_per_token_mean"),
-    ("decode ms/token p50", "decode_ms_per_token_p50"),
-    ("E2E latency p50 (ms)", "e2e_p50_ms"),
-    ("output throughput (tok/s)", "output_throughput_tok_s"),
-    ("completed requests", "completed"),
-    ("output tokens", "output_tokens_total"),
-)
-
-
-def compare(g: dict[str, Any], e: dict[str, Any]) -> list[dict[str, Any]]:
-    rows = []
-    for title, key in ROWS:
-        gv, ev = float(g[key]), float(e[key])
-        rows.append({"metric": title, "key": key, "guidellm": gv, "edgellm_bench": ev,
-                     "ratio_edgellm_over_guidellm": ev / gv if gv else math.nan})
-    return rows
-
-
-def format_table(rows: list[dict[str, Any]]) -> str:
-    w = max(len(r["metric"]) for r in rows)
-    lines = [f"{'metric':<{w}}  {'guidellm':>10}  {'edgellm bench':>13}  {'ratio e/g':>9}",
-             f"{'-' * w}  {'-' * 10}  {'-' * 13}  {'-' * 9}"]
-    for r in rows:
-        lines.append(f"{r['metric']:<{w}}  {r['guidellm']:>10.1f}  {r['edgellm_bench']:>13.1f}  "
-                     f"{r['ratio_edgellm_over_guidellm']:>9.3f}")
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------------------
-
-
-def mean_of_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per-metric mean over rounds (numeric fields only)."""
-    out: dict[str, Any] = {}
-    for key, value in runs[0].items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[key] = sum(float(r[key]) for r in runs) / len(runs)
-    return out
-
-
 def run_tool(name: str, cmd: list[str], json_path: Path, log_path: Path, timeout: float) -> dict[str, Any]:
     print(f"[{name}] {' '.join(cmd)}", flush=True)
     rc, wall, cpu = _run(cmd, log_path, timeout)
@@ -402,10 +246,12 @@ def main() -> int:
               file=sys.stderr)
         return 2
 
-    info = machine()
+    info = machine_info()
+    info["versions"] = versions()
     work = Path(tempfile.mkdtemp(prefix="guidellm_check_"))
     tok_dir = save_tokenizer(args.model, work / "tokenizer")
-    server = Server(args.model, args.kv_cache_memory, work / "server.log")
+    serve_args = ["--kv-cache-memory", args.kv_cache_memory] + (["--model", args.model] if args.model else [])
+    server = ServerProcess(serve_args, work / "server.log", cwd=REPO)
     g_runs: list[dict[str, Any]] = []
     e_runs: list[dict[str, Any]] = []
     t_start = time.monotonic()
@@ -463,7 +309,7 @@ def main() -> int:
         "server": {"model": model,
                    "source": args.model or "embedded default (SmolLM2-135M-Instruct Q4_1 GGUF)",
                    "kv_cache_memory": args.kv_cache_memory},
-        "machine": {**info, "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
+        "machine": {**info, "load_avg_1m_at_end": load_average(),
                     "total_wall_s": round(time.monotonic() - t_start, 1)},
         "comparison": rows,
         "per_round": per_round,
@@ -475,7 +321,7 @@ def main() -> int:
     print(f"\nGuideLLM vs edgellm bench on edgellm serve ({model}): {args.concurrency} streams, "
           f"{args.requests} requests, {args.input_len} in / {args.output_len} out, {args.rounds} round(s)")
     print(f"machine: {info['cpu']}, {info['cores']} cores, {info['date']}, load average "
-          f"{info['load_avg_1m_at_start']} at start, {result['machine']['load_avg_1m_at_end']} at end\n")
+          f"{info['load_average_start']} at start, {result['machine']['load_avg_1m_at_end']} at end\n")
     print(format_table(rows))
     if args.rounds > 1:
         for pr in per_round:

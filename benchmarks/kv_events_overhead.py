@@ -17,10 +17,8 @@ Writes benchmarks/results/kv_events_overhead.json. No asserts: the numbers are r
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +26,8 @@ from typing import Any
 import torch
 
 from edgellm.bench.datasets import random_requests
-from edgellm.bench.report import machine_info
+from edgellm.bench.machine import machine_info
+from edgellm.bench.results import header, write_json
 from edgellm.bench.servers import free_port
 from edgellm.config import EngineConfig
 from edgellm.engine.engine import LLMEngine
@@ -133,9 +132,7 @@ def main() -> int:
     medians = {m: statistics.median(v) for m, v in rates.items()}
     base = medians["events off"]
     out = {
-        "what": __doc__.splitlines()[0], "machine": machine_info(torch.get_num_threads()),
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "command": "python benchmarks/kv_events_overhead.py " + " ".join(sys.argv[1:]),
+        **header(__doc__, __file__), "machine": machine_info(torch.get_num_threads()),
         "config": vars(args), "decode_tok_s": rates, "median_decode_tok_s": medians,
         "slowdown_vs_events_off": {m: 1 - medians[m] / base for m in modes[1:]},
         "batches_received_by_subscriber": received,
@@ -143,9 +140,7 @@ def main() -> int:
     for m in modes:
         print(f"{m:32s} median {medians[m]:7.1f} tok/s  ({1 - medians[m] / base:+.2%} slowdown)")
     print(f"subscriber received {received} batches")
-    Path(args.out).parent.mkdir(exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2))
-    print(f"wrote {args.out}")
+    write_json(args.out, out)
     return 0
 
 

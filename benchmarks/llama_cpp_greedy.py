@@ -29,7 +29,7 @@ import httpx
 import torch
 
 from edgellm.bench.llama_cpp import LLAMA_DEFAULT, find_llama_server
-from edgellm.bench.report import cpu_name
+from edgellm.bench.machine import machine_info
 from edgellm.bench.servers import Server, free_port
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -141,7 +141,7 @@ def main() -> int:
                    "near_tie": sum(bool(r[m].get("near_tie")) for r in rows),
                    "other": sum(not r[m]["equal"] and not r[m].get("near_tie") for r in rows),
                    "prompts": len(rows)} for m in modes}
-    report = {"machine": {"cpu": cpu_name(), "cores": os.cpu_count()}, "model": path.name,
+    report = {"machine": machine_info(args.threads), "model": path.name,
               "tokens": args.tokens, "near_tie_nats": args.near_tie, "llama_server": cmd[0],
               "summary": summary, "prompts": rows}
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ from pathlib import Path
 import torch
 
 from edgellm import LLM, SamplingParams
-from edgellm.bench.report import cpu_name
+from edgellm.bench.machine import describe, machine_info
 from edgellm.loader import default_model_path
 
 QUESTIONS = [
@@ -41,11 +40,6 @@ SYSTEM = (
     "You are a friendly voice assistant for a travel agency. Keep answers short, "
     "spoken-style, and polite. " * 24
 )
-
-
-def machine() -> str:
-    cpu = cpu_name()
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads"
 
 
 def timed(fn, repeats: int) -> tuple[float, object]:
@@ -116,7 +110,7 @@ def main() -> None:
     rows.append((f"prefill tok/s, {n_prompt}-token prompt, cold", n_prompt / t_cold, n_prompt / t_hf_pre))
     rows.append((f"prefill tok/s, {n_prompt}-token prompt, prefix hit", n_prompt / t_warm, n_prompt / t_hf_pre))
 
-    print(f"\nmachine: {machine()}")
+    print(f"\nmachine: {describe(machine_info())}")
     print(f"model: {path.name} (edgellm --cpu-quant {args.cpu_quant}; transformers fp32 dequantized from the same GGUF)\n")
     print(f"{'measure':48s} {'edgellm':>10s} {'transformers':>13s} {'ratio':>7s}")
     for name, e, h in rows:
@@ -124,7 +118,7 @@ def main() -> None:
     print(f"\nprefix hit vs cold prefill (edgellm): {t_cold / t_warm:.1f}x faster time-to-first-token")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({
-        "machine": machine(),
+        "machine": machine_info(),
         "model": path.name,
         "cpu_quant": args.cpu_quant,
         "new_tokens": n_new,

@@ -12,67 +12,19 @@ Prints a table of milliseconds per step by phase, the decode tokens/s each batch
 from __future__ import annotations
 
 import argparse
-import inspect
-import json
 import os
-import platform
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
-from edgellm.bench.report import cpu_name
+from edgellm import env
+from edgellm.bench.machine import machine_info
+from edgellm.bench.phases import PhaseTimer
+from edgellm.bench.results import RESULTS, header, write_json
 from edgellm.config import EngineConfig
 from edgellm.engine.engine import LLMEngine
 from edgellm.sampling import SamplingParams
-
-RESULTS = Path(__file__).parent / "results"
-
-
-class _Timed:
-    """A callable object whose calls go through `timed`, every other attribute through to it."""
-
-    def __init__(self, inner: object, timed) -> None:
-        self._inner, self._timed = inner, timed
-
-    def __call__(self, *a, **k):
-        return self._timed(*a, **k)
-
-    def __getattr__(self, name: str):
-        return getattr(self._inner, name)
-
-
-class PhaseTimer:
-    """Wraps the engine's phases with perf_counter timers (monkeypatching bound methods)."""
-
-    def __init__(self, engine: LLMEngine) -> None:
-        self.totals: dict[str, list[float]] = {}
-        runner, model = engine.runner, engine.runner.model
-        self.wrap(engine.scheduler, "schedule", "schedule")
-        self.wrap(runner, "build_batch", "build_batch")
-        self.wrap(model, "forward", "forward")
-        self.wrap(model, "compute_logits", "logits")
-        self.wrap(runner, "sampler", "sample")
-
-    def wrap(self, owner: object, name: str, key: str) -> None:
-        """Time every call of owner.name under `key` (seconds per call in self.totals[key]); a
-        callable object (the sampler) keeps its attributes through a proxy."""
-        fn = getattr(owner, name)
-        bucket = self.totals.setdefault(key, [])
-
-        def timed(*a, **k):
-            t0 = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                bucket.append(time.perf_counter() - t0)
-
-        setattr(owner, name, timed if inspect.ismethod(fn) or inspect.isfunction(fn) else _Timed(fn, timed))
-
-    def reset(self) -> None:
-        for v in self.totals.values():
-            v.clear()
 
 
 def run_batch(engine: LLMEngine, timer: PhaseTimer, batch: int, prompt_len: int, steps: int,
@@ -123,6 +75,7 @@ def main() -> None:
     ap.add_argument("--cpu-quant", choices=["auto", "exact", "fast"], default=None)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--ops", action="store_true", help="torch profiler operator table per batch size")
+    ap.add_argument("--out", default=str(RESULTS / "profile_decode.json"))
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -141,15 +94,11 @@ def main() -> None:
         print(f"batch {b:3d}: step {row['step_ms']:.2f} ms  {row['tok_s']:.1f} tok/s  |  {ph}")
         if args.ops:
             print(row["ops_table"])
-    out = {
-        "machine": {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-                    "platform": platform.platform()},
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "cpu_quant": os.environ.get("EDGELLM_CPU_QUANT", "auto"),
+    write_json(args.out, {
+        **header(__doc__, __file__), "machine": machine_info(),
+        "cpu_quant": args.cpu_quant or env.cpu_quant() or "auto",
         "rows": [{k: v for k, v in r.items() if k != "ops_table"} for r in rows],
-    }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "profile_decode.json").write_text(json.dumps(out, indent=2))
+    })
 
 
 if __name__ == "__main__":

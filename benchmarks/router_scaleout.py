@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
@@ -38,7 +36,9 @@ from typing import Any
 from edgellm.bench.client import Target, run_load
 from edgellm.bench.conversations import persona_conversations, run_conversations
 from edgellm.bench.datasets import random_requests
-from edgellm.bench.report import machine_info, summarize
+from edgellm.bench.machine import machine_info
+from edgellm.bench.report import summarize
+from edgellm.bench.results import header, write_json
 from edgellm.bench.servers import Server, free_port, scrape, served_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -215,15 +215,10 @@ def main() -> int:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             versions[dist] = None
-    out = {"what": __doc__.splitlines()[0], "machine": machine, "note": note,
-           "date": time.strftime("%Y-%m-%d %H:%M"),
-           "command": "python benchmarks/router_scaleout.py " + " ".join(sys.argv[1:]),
-           "router_versions": versions,
-           "config": {k: v for k, v in vars(args).items() if k not in ("out",)},
-           "runs": rows, "targets": targets}
-    Path(args.out).parent.mkdir(exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2))
-    print(f"wrote {args.out}")
+    write_json(args.out, {**header(__doc__, __file__), "machine": machine, "note": note,
+                          "router_versions": versions,
+                          "config": {k: v for k, v in vars(args).items() if k not in ("out",)},
+                          "runs": rows, "targets": targets})
     return 0
 
 

@@ -2,7 +2,7 @@
 
 Starts the server on a free port (the embedded default model unless --model),
 then for each concurrency level runs that many closed-loop streaming clients
-(the official openai client). Every request is a voice-agent turn: the same
+(the streaming client of `edgellm bench`). Every request is a voice-agent turn: the same
 system prompt (warmed into the prefix cache at start-up), a different user
 question, a fixed number of output tokens (ignore_eos). TTFT is measured on
 the client, from sending the request to the first content chunk; decode
@@ -19,18 +19,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
-import openai
+
+from edgellm import env
+from edgellm.bench.client import Target, send
+from edgellm.bench.datasets import BenchRequest
+from edgellm.bench.machine import machine_info
+from edgellm.bench.report import percentile
+from edgellm.bench.results import RESULTS, header, write_json
+from edgellm.bench.servers import ServerProcess
 
 SYSTEM = ("You are a friendly voice assistant for a travel company. Answer in two or three short spoken "
           "sentences, without lists or markdown.")
@@ -44,94 +46,58 @@ QUESTIONS = [
 ]
 
 
-def _pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    if not s:
-        return float("nan")
-    k = (len(s) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
-async def one_request(client: openai.AsyncOpenAI, model: str, question: str, max_tokens: int) -> dict:
-    t0 = time.perf_counter()
-    stream = await client.chat.completions.create(
-        model=model, temperature=0, max_tokens=max_tokens, stream=True,
-        messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
-    first = last = None
-    tokens = 0
-    server_timing = None
-    async for chunk in stream:
-        now = time.perf_counter()
-        if chunk.choices and chunk.choices[0].delta.content:
-            if first is None:
-                first = now
-            last = now
-        if chunk.usage is not None:
-            tokens = chunk.usage.completion_tokens
-            server_timing = (chunk.model_extra or {}).get("edgellm_timing")
-    assert first is not None and last is not None
-    return {"ttft": first - t0, "decode_tps": (tokens - 1) / (last - first) if last > first else float("nan"),
-            "tokens": tokens, "server_ttft_ms": (server_timing or {}).get("ttft_ms"),
-            "cached": (server_timing or {}).get("cached_tokens")}
+async def one_request(client: httpx.AsyncClient, target: Target, question: str, max_tokens: int) -> dict:
+    """One streamed voice turn: TTFT and decode rate seen by the client, the server's own TTFT and
+    cached prompt tokens (from edgellm_timing)."""
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+    r = await send(client, target, BenchRequest(messages, None, 0, max_tokens))
+    if not r.ok:
+        raise RuntimeError(f"request failed: {r.error}")
+    decode_s = sum(r.itl)
+    timing = r.server_timing or {}
+    return {"ttft": r.ttft, "decode_tps": (r.output_tokens - 1) / decode_s if decode_s > 0 else float("nan"),
+            "tokens": r.output_tokens, "server_ttft_ms": timing.get("ttft_ms"),
+            "cached": timing.get("cached_tokens")}
 
 
 async def level(url: str, model: str, concurrency: int, per_client: int, max_tokens: int) -> dict:
-    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=os.environ.get("EDGELLM_API_KEY", "none"),
-                                max_retries=0, timeout=600)
+    """`concurrency` closed-loop clients, `per_client` requests each; the level's summary."""
+    target = Target(url, model, "chat", env.api_key(), ignore_eos=True, timeout=600)
     results: list[dict] = []
 
-    async def worker(w: int) -> None:
-        for i in range(per_client):
-            q = QUESTIONS[(w * per_client + i) % len(QUESTIONS)]
-            results.append(await one_request(client, model, q, max_tokens))
+    async with httpx.AsyncClient(timeout=600) as client:
 
-    t0 = time.perf_counter()
-    await asyncio.gather(*[worker(w) for w in range(concurrency)])
-    wall = time.perf_counter() - t0
-    await client.close()
+        async def worker(w: int) -> None:
+            for i in range(per_client):
+                q = QUESTIONS[(w * per_client + i) % len(QUESTIONS)]
+                results.append(await one_request(client, target, q, max_tokens))
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*[worker(w) for w in range(concurrency)])
+        wall = time.perf_counter() - t0
     ttft = [r["ttft"] * 1000 for r in results]
     tps = [r["decode_tps"] for r in results]
     return {
         "concurrency": concurrency, "requests": len(results), "max_tokens": max_tokens,
-        "ttft_p50_ms": _pct(ttft, 0.5), "ttft_p95_ms": _pct(ttft, 0.95),
-        "server_ttft_p50_ms": _pct([r["server_ttft_ms"] for r in results if r["server_ttft_ms"]], 0.5),
+        "ttft_p50_ms": percentile(ttft, 50), "ttft_p95_ms": percentile(ttft, 95),
+        "server_ttft_p50_ms": percentile([r["server_ttft_ms"] for r in results if r["server_ttft_ms"]], 50),
         "decode_tps_per_stream": statistics.mean(tps),
         "total_tokens_per_s": sum(r["tokens"] for r in results) / wall,
         "mean_cached_prompt_tokens": statistics.mean(r["cached"] or 0 for r in results),
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str, str]:
-    port = _free_port()
-    cfg = Path(tempfile.mkdtemp()) / "models.yaml"
+def start_server(args: argparse.Namespace, log_dir: Path) -> tuple[ServerProcess, str]:
+    """`edgellm serve` of args.model (default: the embedded model) with SYSTEM warmed, ready;
+    returns it and its served name."""
+    cfg = log_dir / "models.yaml"
     source = str(Path(args.model).resolve()) if args.model else "default"
     cfg.write_text(f"models:\n  bench:\n    source: {json.dumps(source)}\n"
                    f"    warm_prompts: [{json.dumps(SYSTEM)}]\n")
-    cmd = [sys.executable, "-m", "edgellm.cli", "serve", "--config", str(cfg), "--model", "bench",
-           "--port", str(port), "--no-access-log", "--kv-cache-memory", args.kv_cache_memory]
-    log = open(cfg.parent / "server.log", "wb")  # noqa: SIM115  (the server writes to it)
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited; see {log.name}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url, "bench"
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("server did not start")
+    server = ServerProcess(["--config", str(cfg), "--model", "bench", "--kv-cache-memory",
+                            args.kv_cache_memory], log_dir / "server.log")
+    server.wait_ready(300)
+    return server, "bench"
 
 
 def main() -> None:
@@ -143,14 +109,16 @@ def main() -> None:
                     help="default: 8 for one stream, 3 per client above that")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--kv-cache-memory", default="512M")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "serve_latency.json"))
+    ap.add_argument("--out", default=str(RESULTS / "serve_latency.json"))
     args = ap.parse_args()
 
-    proc = None
+    server = None
+    log_dir = Path(tempfile.mkdtemp())
     if args.url:
         url, model = args.url.rstrip("/"), args.model or "smollm2-135m-instruct"
     else:
-        proc, url, model = start_server(args)
+        server, model = start_server(args, log_dir)
+        url = server.url
     try:
         asyncio.run(level(url, model, 1, 1, 4))  # warm-up
         rows = []
@@ -158,11 +126,11 @@ def main() -> None:
             per = args.requests_per_client or (8 if c == 1 else 3)
             rows.append(asyncio.run(level(url, model, c, per, args.max_tokens)))
     finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=30)
+        if server is not None:
+            server.stop()
 
-    print(f"\nedgellm serve latency: {model} on {platform.machine()}, {os.cpu_count()} CPUs, "
+    machine = machine_info()
+    print(f"\nedgellm serve latency: {model} on {machine['cpu']}, {machine['cores']} CPUs, "
           f"{args.max_tokens} output tokens per request\n")
     head = ("streams", "requests", "TTFT p50 ms", "TTFT p95 ms", "server TTFT p50", "decode tok/s/stream",
             "total tok/s", "cached prompt tok")
@@ -175,11 +143,8 @@ def main() -> None:
             f"{r['server_ttft_p50_ms']:>{len(head[4])}.1f}", f"{r['decode_tps_per_stream']:>{len(head[5])}.1f}",
             f"{r['total_tokens_per_s']:>{len(head[6])}.1f}", f"{r['mean_cached_prompt_tokens']:>{len(head[7])}.1f}",
         ]))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"model": model, "machine": platform.machine(), "cpus": os.cpu_count(),
-                               "rows": rows}, indent=2))
-    print(f"\nwrote {out}")
+    write_json(args.out, {**header(__doc__, __file__), "model": model, "machine": machine,
+                          "rows": rows})
 
 
 if __name__ == "__main__":

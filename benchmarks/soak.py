@@ -26,26 +26,15 @@ from collections import Counter
 from typing import Any
 
 import httpx
-from reliability_lib import (
-    SYSTEM,
-    TOPICS,
-    WORDS,
-    Target,
-    add_server_args,
-    machine,
-    ms,
-    pct,
-    print_table,
-    server,
-    stream_chat,
-    wait_idle,
-    write_result,
-)
 
-QUESTIONS = [f"What is one thing to see in {t}?" for t in TOPICS[:8]]  # --questions of them are used
+from edgellm.bench import reliability as rl
+from edgellm.bench.machine import machine_info
+from edgellm.bench.report import percentile
+
+QUESTIONS = [f"What is one thing to see in {t}?" for t in rl.TOPICS[:8]]  # --questions of them are used
 COMPLETIONS = ["The three best things about trains are", "Once upon a time, in a small harbor town,",
                "A good packing list for a rainy week:",
-               "Notes: " + " ".join(WORDS[i % len(WORDS)] for i in range(0, 7 * 430, 7)) + "\nSummary:"]
+               "Notes: " + " ".join(rl.WORDS[i % len(rl.WORDS)] for i in range(0, 7 * 430, 7)) + "\nSummary:"]
 SEEDED = [(QUESTIONS[i], 100 + i) for i in range(4)]
 KINDS = ["chat_stream", "chat", "chat_logprobs", "chat_sentences", "completion_stream", "completion",
          "seeded_chat", "seeded_n2", "barge_in"]
@@ -53,10 +42,10 @@ KINDS = ["chat_stream", "chat", "chat_logprobs", "chat_sentences", "completion_s
 
 def chat(model: str, q: str, max_tokens: int, **kw: Any) -> dict[str, Any]:
     return {"model": model, "max_tokens": max_tokens, "temperature": 0,
-            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}], **kw}
+            "messages": [{"role": "system", "content": rl.SYSTEM}, {"role": "user", "content": q}], **kw}
 
 
-async def post(client: httpx.AsyncClient, t: Target, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+async def post(client: httpx.AsyncClient, t: rl.Target, path: str, body: dict[str, Any]) -> tuple[int, Any]:
     r = await client.post(t.url + path, json=body, headers=t.headers)
     try:
         return r.status_code, r.json()
@@ -64,7 +53,7 @@ async def post(client: httpx.AsyncClient, t: Target, path: str, body: dict[str, 
         return r.status_code, {"unparsed": r.text[:200]}
 
 
-async def references(client: httpx.AsyncClient, t: Target, n: int) -> dict[Any, Any]:
+async def references(client: httpx.AsyncClient, t: rl.Target, n: int) -> dict[Any, Any]:
     refs: dict[Any, Any] = {}
     for q in QUESTIONS:  # (main() trims the lists to --questions)
         _, d = await post(client, t, "/v1/chat/completions", chat(t.model, q, n))
@@ -83,7 +72,7 @@ async def references(client: httpx.AsyncClient, t: Target, n: int) -> dict[Any, 
     return refs
 
 
-async def one(client: httpx.AsyncClient, t: Target, rng: random.Random, refs: dict[Any, Any], n: int,
+async def one(client: httpx.AsyncClient, t: rl.Target, rng: random.Random, refs: dict[Any, Any], n: int,
               kind: str) -> dict[str, Any]:
     q = rng.choice(QUESTIONS)
     out: dict[str, Any] = {"kind": kind, "ok": False, "status": None, "error": None}
@@ -93,7 +82,7 @@ async def one(client: httpx.AsyncClient, t: Target, rng: random.Random, refs: di
         if kind == "chat_sentences":
             extra["stream_options"] = {"chunking": "sentence"}
         cut = rng.randint(1, 8) if kind == "barge_in" else None
-        r = await stream_chat(client, t, chat(t.model, q, n, **extra), stop_after_tokens=cut)
+        r = await rl.stream_chat(client, t, chat(t.model, q, n, **extra), stop_after_tokens=cut)
         out.update(status=r.status, error=r.error, ttft=r.ttft)
         want = refs[("chat", q)]
         out["ok"] = r.status == 200 and r.error is None and (
@@ -109,7 +98,7 @@ async def one(client: httpx.AsyncClient, t: Target, rng: random.Random, refs: di
         p = rng.choice(COMPLETIONS)
         body = {"model": t.model, "prompt": p, "max_tokens": n, "temperature": 0}
         if kind == "completion_stream":
-            r = await stream_chat(client, t, {**body, "stream": True}, path="/v1/completions")
+            r = await rl.stream_chat(client, t, {**body, "stream": True}, path="/v1/completions")
             out.update(status=r.status, error=r.error, ttft=r.ttft)
             out["ok"] = r.status == 200 and r.done and r.error is None and r.text == refs[("completion", p)]
         else:
@@ -128,13 +117,13 @@ async def one(client: httpx.AsyncClient, t: Target, rng: random.Random, refs: di
     return out
 
 
-async def soak(args: argparse.Namespace, t: Target) -> dict[str, Any]:
+async def soak(args: argparse.Namespace, t: rl.Target) -> dict[str, Any]:
     rng = random.Random(args.seed)
     conc = args.concurrency or t.max_num_seqs + 2  # clients; sequences in flight are capped below
     limits = httpx.Limits(max_connections=conc + 4, max_keepalive_connections=conc + 4)
     async with httpx.AsyncClient(timeout=httpx.Timeout(300.0), limits=limits) as client:
         refs = await references(client, t, args.max_tokens)
-        await wait_idle(t)
+        await rl.wait_idle(t)
         await asyncio.sleep(2.0)
         rss_start = t.rss_mb()
         samples: list[dict[str, Any]] = []
@@ -175,7 +164,7 @@ async def soak(args: argparse.Namespace, t: Target) -> dict[str, Any]:
 
         await asyncio.gather(sampler(), *[client_loop() for _ in range(conc)])
         duration = time.perf_counter() - t0
-        after = await wait_idle(t)
+        after = await rl.wait_idle(t)
         await asyncio.sleep(2.0)
         rss_end = t.rss_mb()
 
@@ -209,7 +198,7 @@ async def soak(args: argparse.Namespace, t: Target) -> dict[str, Any]:
         "by_kind": dict(Counter(r["kind"] for r in results)), "errors": len(errors),
         "error_examples": [str(r["error"])[:200] for r in errors[:5]],
         "mismatches": len(mismatches), "mismatch_kinds": dict(Counter(r["kind"] for r in mismatches)),
-        "ttft_ms": {"p50": ms(pct(ttfts, 0.5)), "p95": ms(pct(ttfts, 0.95))},
+        "ttft_ms": {"p50": rl.ms(percentile(ttfts, 50)), "p95": rl.ms(percentile(ttfts, 95))},
         "rss_mb": {"start": rss_start, "steady_first": rss_warm, "steady_max": max(rss_steady, default=None),
                    "end_idle": rss_end, "delta_end_vs_start": None if rss_end is None or rss_start is None
                    else round(rss_end - rss_start, 1), "steady_slope_mb_per_min": slope},
@@ -217,7 +206,7 @@ async def soak(args: argparse.Namespace, t: Target) -> dict[str, Any]:
                            "steady_mean_second_half": round(sum(kv_steady[half:]) / (len(kv_steady) - half), 1)
                            if len(kv_steady) > half else None, "after": after.get("edgellm:kv_blocks_used"),
                            "total": after.get("edgellm:kv_blocks_total")},
-        "samples": samples, "server_log": t.log_problems(), "machine": machine(),
+        "samples": samples, "server_log": t.log_problems(), "machine": machine_info(),
         "server": {"max_num_seqs": t.max_num_seqs, "max_waiting_requests": t.max_waiting_requests},
     }
 
@@ -230,16 +219,16 @@ def main() -> int:
     p.add_argument("--rss-tolerance-mb", type=float, default=16.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--questions", type=int, default=8, help="distinct chat prompts (each served alone first)")
-    add_server_args(p)
+    rl.add_server_args(p)
     args = p.parse_args()
     del QUESTIONS[args.questions:]
     SEEDED[:] = [(q, s) for q, s in SEEDED if q in QUESTIONS]
     if args.questions < 4:
         del COMPLETIONS[1:3]  # keep a short one and the long one
-    with server(args) as t:
+    with rl.server(args) as t:
         result = asyncio.run(soak(args, t))
-    path = write_result("soak", args, result)
-    print_table([("result", result["result"]), ("duration", f"{result['duration_s']} s"),
+    path = rl.write_result("soak", args, result)
+    rl.print_table([("result", result["result"]), ("duration", f"{result['duration_s']} s"),
                  ("requests", f"{result['requests']} {result['by_kind']}"),
                  ("errors / mismatches", f"{result['errors']} / {result['mismatches']}"),
                  ("TTFT p50/p95", result["ttft_ms"]), ("RSS", {k: v for k, v in result["rss_mb"].items()}),

@@ -17,19 +17,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.helpers.structured_schemas
-
-from edgellm import LLM, SamplingParams  # noqa: E402
-from edgellm.bench.report import cpu_name  # noqa: E402
-from edgellm.structured import StructuredOutputs  # noqa: E402
-from edgellm.structured.grammar import GrammarService  # noqa: E402
-from tests.helpers.structured_schemas import schemas  # noqa: E402
+from edgellm import LLM, SamplingParams
+from edgellm.bench.machine import machine_info
+from edgellm.bench.schemas import schemas
+from edgellm.structured import StructuredOutputs
+from edgellm.structured.grammar import GrammarService
 
 
 def valid_path(service: GrammarService, spec: StructuredOutputs, eos: list[int], seed: int) -> list[int]:
@@ -110,7 +107,7 @@ def main() -> None:
     llm = LLM(None, max_model_len=1024, cpu_quant=args.cpu_quant)
     tok = llm.get_tokenizer()
     vocab = llm.engine.model_config.vocab_size
-    result: dict = {"cpu": cpu_name(), "cpu_quant": args.cpu_quant, "engines": engines(tok, vocab)}
+    result: dict = {"machine": machine_info(), "cpu_quant": args.cpu_quant, "engines": engines(tok, vocab)}
     # a schema whose valid outputs are all long; the free requests then generate as many tokens
     items = max(4, args.tokens // 4)
     long_schema = {"type": "array", "items": {"type": "integer", "minimum": 10, "maximum": 99},

@@ -23,17 +23,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from compare_servers import Server, free_port, machine_info, served_model  # noqa: E402
-from profile_decode import PhaseTimer  # noqa: E402
+from edgellm.bench.machine import machine_info
+from edgellm.bench.phases import PhaseTimer
+from edgellm.bench.results import header, write_json
+from edgellm.bench.servers import Server, free_port, served_model
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -152,15 +151,9 @@ def main() -> int:
           f"each: prefill step {wave['prefill_step_ms']:.0f} ms; next decode step {wave['next_decode_step_ms']:.0f} ms")
     for k, v in sorted(wave["phases_ms"].items(), key=lambda kv: -kv[1]):
         print(f"  {k:42s} {v:7.1f} ms")
-    out = {"what": __doc__.splitlines()[0], "machine": machine_info(int(os.environ.get("OMP_NUM_THREADS", "0"))
-                                                                     or os.cpu_count() or 1),
-           "date": time.strftime("%Y-%m-%d %H:%M"), "cpu_quant": args.cpu_quant,
-           "commands": {"this": "python benchmarks/voice_ttft.py " + " ".join(sys.argv[1:])},
-           "server_args": args.server_arg,
-           "runs": runs, "wave": wave}
-    Path(args.out).parent.mkdir(exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2))
-    print(f"wrote {args.out}")
+    write_json(args.out, {**header(__doc__, __file__), "machine": machine_info(),
+                          "cpu_quant": args.cpu_quant, "server_args": args.server_arg,
+                          "runs": runs, "wave": wave})
     return 0
 
 

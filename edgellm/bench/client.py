@@ -1,6 +1,6 @@
-"""The load generator: streams requests to an OpenAI-compatible endpoint and
-times each one (TTFT from send to the first non-empty content token, the gap
-between content chunks, end to end)."""
+"""The one SSE client of the benchmarks: `sse_events` parses an OpenAI-style stream, `send`
+streams one request and times it (TTFT from send to the first non-empty content token, the gap
+between content chunks, end to end), `run_load` sends many under an arrival process."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,7 @@ class RequestResult:
     start: float = 0.0
     text: str = ""  # the content received, joined
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, when the server sends it
+    server_timing: dict[str, Any] | None = None  # edgellm_timing of the usage chunk (edgellm serve only)
 
     @property
     def tpot(self) -> float | None:
@@ -67,7 +68,21 @@ def _body(target: Target, req: BenchRequest) -> tuple[str, dict[str, Any]]:
     return "/v1/completions", body
 
 
-def _content(chunk: dict[str, Any]) -> str:
+async def sse_events(resp: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """The JSON events of an OpenAI-style SSE stream, in order, up to `data: [DONE]` (then an
+    empty dict is yielded last, so a caller can tell a finished stream from a cut one)."""
+    async for line in resp.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            yield {}
+            return
+        yield json.loads(data)
+
+
+def content_of(chunk: dict[str, Any]) -> str:
+    """The text a streamed chunk carries (chat delta content or completion text), or ""."""
     for choice in chunk.get("choices") or []:
         delta = choice.get("delta")
         if isinstance(delta, dict) and delta.get("content"):
@@ -92,17 +107,12 @@ async def send(client: httpx.AsyncClient, target: Target, req: BenchRequest) -> 
                 text = (await resp.aread()).decode(errors="replace")[:300]
                 result.error = f"HTTP {resp.status_code}: {text}"
                 return result
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                chunk = json.loads(data)
+            async for chunk in sse_events(resp):
                 if chunk.get("usage"):
                     usage_tokens = chunk["usage"].get("completion_tokens")
                     result.cached_tokens = (chunk["usage"].get("prompt_tokens_details") or {}).get("cached_tokens")
-                content = _content(chunk)
+                    result.server_timing = chunk.get("edgellm_timing")
+                content = content_of(chunk)
                 if not content:
                     continue
                 result.text += content
@@ -168,7 +178,7 @@ async def run_load(
                 break
             tasks.append(asyncio.create_task(one(req)))
         remaining = None if duration is None else max(0.0, duration - (time.perf_counter() - t0))
-        done, pending = await asyncio.wait(tasks, timeout=remaining) if tasks else (set(), set())
+        _, pending = await asyncio.wait(tasks, timeout=remaining) if tasks else (set(), set())
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)

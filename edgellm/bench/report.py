@@ -11,7 +11,9 @@ PERCENTILES = (50, 90, 95, 99)
 
 
 def percentile(values: list[float], p: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
+    """The p-th percentile (p in 0..100) of values: linear interpolation between the closest
+    ranks, numpy's default ("linear") method, so p50 of [1, 2, 3, 4] is 2.5. NaN when values is
+    empty. Every benchmark uses this one, so their percentiles compare."""
     if not values:
         return math.nan
     xs = sorted(values)
@@ -133,52 +135,3 @@ def plot(runs: list[tuple[str, list[RequestResult], dict[str, Any]]], path: str)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def cpu_name() -> str:
-    """The CPU's model name (from /proc/cpuinfo on Linux), for describing the machine of a result."""
-    import platform
-    from pathlib import Path
-
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def machine_info(threads: int) -> dict[str, Any]:
-    """The machine a result was measured on: CPU, cores, threads used, versions, date, load average at
-    the start, and the checkout's commit (+dirty when tracked files changed)."""
-    import datetime as dt
-    import os
-    import platform
-    import subprocess
-    from pathlib import Path
-
-    import torch
-
-    root = Path(__file__).resolve().parents[2]
-    info: dict[str, Any] = {
-        "cpu": cpu_name(), "cores": os.cpu_count(), "threads": threads, "torch": torch.__version__,
-        "python": platform.python_version(), "platform": platform.platform(),
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "load_average_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-    }
-    try:
-        import transformers
-
-        info["transformers"] = transformers.__version__
-    except ImportError:
-        pass
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                             timeout=10, check=False).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10, check=False).stdout.strip()
-        info["edgellm_commit"] = rev + ("+dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return info

@@ -1,32 +1,17 @@
-"""The transformers baseline server of benchmarks/ (hf_baseline_server.py): static batches
+"""The transformers baseline server (edgellm/bench/hf_baseline.py, hf_batching.py; run by
+benchmarks/hf_baseline_server.py): static batches
 are left-padded, so every row must decode exactly as it would alone, stop on its own
 terms, and stream OpenAI-shaped chunks that `edgellm bench` can time."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from edgellm.bench import hf_baseline, hf_batching
 from tests.helpers.serverutil import ThreadServer, build_tiny_chat_model
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load_module():
-    spec = importlib.util.spec_from_file_location("hf_baseline_server", ROOT / "benchmarks" / "hf_baseline_server.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-hfb = _load_module()
 
 QUESTIONS = ["Hi", "What is the capital of France, and why is it famous?", "Name three colors."]
 
@@ -35,8 +20,8 @@ QUESTIONS = ["Hi", "What is the capital of France, and why is it famous?", "Name
 def tiny(tmp_path_factory):
     """(model dir, model, tokenizer, eos ids, pad id) for a tiny Llama with the real tokenizer."""
     path = build_tiny_chat_model(tmp_path_factory.mktemp("hf-baseline"))
-    model, tok = hfb.load(str(path))
-    eos, pad = hfb.prepare_model(model, tok)
+    model, tok = hf_batching.load(str(path))
+    eos, pad = hf_batching.prepare_model(model, tok)
     return path, model, tok, eos, pad
 
 
@@ -58,8 +43,8 @@ def test_left_padded_batch_decodes_like_each_prompt_alone(tiny):
     prompts = [_chat_ids(tok, q) for q in QUESTIONS]
     assert len({len(p) for p in prompts}) == 3  # different lengths: real padding
     lengths = [6, 10, 8]
-    jobs = [hfb.Job(p, n, ignore_eos=True, temperature=0.0) for p, n in zip(prompts, lengths)]
-    hfb.generate_batch(model, tok, jobs, eos, pad)
+    jobs = [hf_batching.Job(p, n, ignore_eos=True, temperature=0.0) for p, n in zip(prompts, lengths)]
+    hf_batching.generate_batch(model, tok, jobs, eos, pad)
     for job, p, n in zip(jobs, prompts, lengths):
         assert job.token_ids == _solo(model, p, n)
         assert job.finish_reason == "length"
@@ -72,8 +57,8 @@ def test_rows_stop_on_their_own_eos_and_max_tokens(tiny):
     ref = _solo(model, a, 8)
     stop_token = ref[3]
     stops_at = ref.index(stop_token) + 1  # the first time it comes up
-    jobs = [hfb.Job(a, 8, ignore_eos=False), hfb.Job(b, 8, ignore_eos=True)]
-    hfb.generate_batch(model, tok, jobs, {stop_token}, pad)
+    jobs = [hf_batching.Job(a, 8, ignore_eos=False), hf_batching.Job(b, 8, ignore_eos=True)]
+    hf_batching.generate_batch(model, tok, jobs, {stop_token}, pad)
     assert jobs[0].finish_reason == "stop" and jobs[0].token_ids == ref[:stops_at]
     assert jobs[1].finish_reason == "length" and jobs[1].token_ids == _solo(model, b, 8)
 
@@ -82,7 +67,7 @@ def test_two_concurrent_streams_share_a_batch_and_are_openai_shaped(tiny):
     import openai
 
     _, model, tok, _, _ = tiny
-    app = hfb.create_app(model, tok, "tiny", max_batch_size=8, batch_window_ms=400)
+    app = hf_baseline.create_app(model, tok, "tiny", max_batch_size=8, batch_window_ms=400)
     expected = [_solo(model, _chat_ids(tok, q), 7) for q in QUESTIONS[:2]]
 
     async def stream(client, question: str) -> list:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from edgellm.quant.gguf_blocks import BLOCK_BYTES
+from edgellm.bench.gguf_rows import FP16_AT, random_rows  # noqa: F401  (re-exported for the tests)
 
 HF = {
     "attn_q": "self_attn.q_proj",
@@ -33,38 +33,6 @@ def permute(w: np.ndarray, n_head: int) -> np.ndarray:  # llama.cpp convert_hf_t
     )
 
 
-# where each type keeps its fp16 factors (d, and dmin / m), as byte offsets in the block
-FP16_AT = {
-    "Q4_0": (0,),
-    "Q4_1": (0, 2),
-    "Q4_K": (0, 2),
-    "Q5_0": (0,),
-    "Q5_1": (0, 2),
-    "Q5_K": (0, 2),
-    "Q6_K": (208,),
-    "Q3_K": (108,),
-    "Q2_K": (80, 82),
-    "Q8_0": (0,),
-    "IQ4_NL": (0,),
-    "IQ4_XS": (0,),
-}
-
-
-def random_rows(type_name: str, n: int, k: int, seed: int) -> torch.Tensor:
-    """n rows of k weights as random valid blocks: random bytes, with the fp16 factors set to
-    random finite values of either sign and varied magnitude."""
-    rng = np.random.default_rng(seed)
-    size = BLOCK_BYTES[type_name]
-    per_row = k // (256 if type_name.endswith("_K") or type_name == "IQ4_XS" else 32)
-    blocks = rng.integers(0, 256, (n * per_row, size), dtype=np.uint8)
-    for at in FP16_AT[type_name]:
-        f = (rng.standard_normal(len(blocks)) * 10.0 ** rng.uniform(-4, -1, len(blocks))).astype(
-            np.float16
-        )
-        blocks[:, at : at + 2] = f.view(np.uint8).reshape(-1, 2)
-    return torch.from_numpy(blocks.reshape(n, per_row * size))
-
-
 def _f16_bytes(v: np.ndarray) -> np.ndarray:
     return v.astype(np.float16).view(np.uint8).reshape(-1, 2)
 
@@ -77,7 +45,7 @@ def encode_q4_k(w: np.ndarray) -> np.ndarray:
     mins = -lo
     d = (scale.max(-1) / 63.0).astype(np.float16).astype(np.float32)
     dmin = (mins.max(-1) / 63.0).astype(np.float16).astype(np.float32)
-    safe = lambda v: np.where(v > 0, v, 1.0)  # noqa: E731
+    safe = lambda v: np.where(v > 0, v, 1.0)
     sc = np.clip(np.rint(scale / safe(d)[:, None]), 0, 63).astype(np.uint8)
     m = np.clip(np.rint(mins / safe(dmin)[:, None]), 0, 63).astype(np.uint8)
     step = d[:, None] * sc

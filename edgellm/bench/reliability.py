@@ -1,4 +1,4 @@
-"""Shared pieces of the reliability scripts (abort_storm.py, overload.py, soak.py).
+"""Shared pieces of the reliability scripts (benchmarks/abort_storm.py, overload.py, soak.py).
 
 Each script either starts `edgellm serve` itself (the embedded default model, with the knobs
 below) or drives an existing server (--base-url; pass --pid to have its memory measured).
@@ -12,7 +12,7 @@ import argparse
 import asyncio
 import contextlib
 import json
-import platform
+import math
 import sys
 import tempfile
 import time
@@ -23,11 +23,9 @@ from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from tests.helpers.serverutil import ServerProcess, rss_bytes, scrape
+from edgellm.bench.client import content_of, sse_events
+from edgellm.bench.results import RESULTS
+from edgellm.bench.servers import ServerProcess, rss_bytes, scrape
 
 MODEL = "reliability"
 SYSTEM = ("You are a friendly voice assistant for a travel company. Answer in two or three short spoken "
@@ -110,7 +108,7 @@ def server(args: argparse.Namespace) -> Iterator[Target]:
             if log.is_file():
                 text = log.read_bytes()
                 if b"Traceback" in text or b" ERROR " in text or b"CRITICAL" in text:
-                    out = ROOT / "benchmarks" / "results" / f"{Path(sys.argv[0]).stem}.server.log"
+                    out = RESULTS / f"{Path(sys.argv[0]).stem}.server.log"
                     out.write_bytes(text[-2_000_000:])
                     print(f"the server logged errors: {out}")
 
@@ -158,19 +156,15 @@ async def stream_chat(client: httpx.AsyncClient, t: Target, body: dict[str, Any]
                 return
             if stop_after_tokens == 0:
                 return  # hang up with the headers in, before any token
-            async for line in r.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                data = line[6:]
-                if data == "[DONE]":
+            async for event in sse_events(r):
+                if not event:
                     res.done = True
                     break
-                event = json.loads(data)
                 if "error" in event:
                     res.error = event
                     continue
                 for choice in event.get("choices") or []:
-                    piece = (choice.get("delta") or {}).get("content") if "delta" in choice else choice.get("text")
+                    piece = content_of({"choices": [choice]})
                     if piece:
                         if res.ttft is None:
                             res.ttft = time.perf_counter() - t0
@@ -215,37 +209,30 @@ async def wait_idle(t: Target, timeout: float = 60.0) -> dict[str, float]:
         await asyncio.sleep(0.1)
 
 
-def pct(values: list[float], q: float) -> float | None:
-    s = sorted(values)
-    if not s:
-        return None
-    k = (len(s) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
 def ms(x: float | None) -> float | None:
-    return None if x is None else round(x * 1000, 1)
-
-
-def machine() -> dict[str, Any]:
-    import os
-
-    try:
-        load = os.getloadavg()
-    except OSError:
-        load = None
-    return {"platform": platform.platform(), "cpus": os.cpu_count(), "loadavg": load}
+    """Seconds -> milliseconds rounded to 0.1; None for None or NaN (an empty percentile)."""
+    return None if x is None or math.isnan(x) else round(x * 1000, 1)
 
 
 def is_openai_error(body: Any) -> bool:
-    from tests.helpers.serverutil import is_openai_error as check
-
-    return check(body)
+    """{"error": {"message": non-empty str, "type": str, "param": str|None, "code": str|None}}."""
+    if not isinstance(body, dict) or set(body) != {"error"}:
+        return False
+    err = body["error"]
+    return (
+        isinstance(err, dict)
+        and set(err) == {"message", "type", "param", "code"}
+        and isinstance(err["message"], str)
+        and bool(err["message"])
+        and isinstance(err["type"], str)
+        and (err["param"] is None or isinstance(err["param"], str))
+        and (err["code"] is None or isinstance(err["code"], str))
+    )
 
 
 def write_result(name: str, args: argparse.Namespace, result: dict[str, Any]) -> Path:
-    path = Path(args.json) if args.json else ROOT / "benchmarks" / "results" / f"{name}.json"
+    """Write result as JSON to --json (default benchmarks/results/NAME.json); returns the path."""
+    path = Path(args.json) if args.json else RESULTS / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
     return path

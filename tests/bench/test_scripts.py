@@ -1,0 +1,185 @@
+"""Every script in benchmarks/ stays runnable: `--help` works for each (the list is the glob, so a
+new script is covered without editing this file), and each has a quick mode, a tiny run of its
+real code path whose JSON output is checked. A script that needs what this machine may lack
+(llama.cpp's llama-server, GuideLLM, a router, a GPU) runs what it can or is skipped with the
+reason; the reliability scripts and the GPU dry run have their own tests (named in COVERED)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from edgellm.bench.servers import Server, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py"))
+
+# scripts whose quick run lives in another test module
+COVERED = {
+    "abort_storm": "tests/bench/test_reliability.py",
+    "overload": "tests/bench/test_reliability.py",
+    "soak": "tests/bench/test_reliability.py",
+    "gpu_kernels": "tests/bench/test_gpu_script.py",
+}
+
+
+def run_script(name: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python benchmarks/NAME.py ARGS` from the repository root; fails the test on a non-zero exit."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def run_json(name: str, tmp_path: Path, *args: str, flag: str = "--out", timeout: float = 600) -> Any:
+    """Run the script with its output JSON sent to tmp_path; returns the parsed JSON."""
+    out = tmp_path / f"{name}.json"
+    run_script(name, *args, flag, str(out), timeout=timeout)
+    return json.loads(out.read_text())
+
+
+def positive_numbers(tree: Any) -> list[float]:
+    """Every number in a JSON tree (bools excluded)."""
+    if isinstance(tree, dict):
+        return [x for v in tree.values() for x in positive_numbers(v)]
+    if isinstance(tree, list):
+        return [x for v in tree for x in positive_numbers(v)]
+    return [tree] if isinstance(tree, (int, float)) and not isinstance(tree, bool) else []
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_help(name):
+    proc = run_script(name, "--help", timeout=120)
+    assert "usage:" in proc.stdout.lower()
+
+
+# ------------------------------------------------------------------------------ quick modes
+def quick_cpu_int_dot(tmp_path):
+    r = run_json("cpu_int_dot", tmp_path, "--rows", "1", "--layers", "1")
+    assert r["ms_per_layer"] and all(x > 0 for x in positive_numbers(r["ms_per_layer"]))
+
+
+def quick_gguf_kquant_decode(tmp_path):
+    r = run_json("gguf_kquant_decode", tmp_path, "--rows", "1", "--layers", "1")
+    assert set(r["ms_per_layer"]["1"]) >= {"Q4_0", "Q4_K", "Q6_K"}
+    assert all(x > 0 for x in positive_numbers(r["ms_per_layer"]))
+
+
+def quick_kv_events_overhead(tmp_path):
+    r = run_json("kv_events_overhead", tmp_path, "--trials", "1", "--streams", "1", "--prompt-len", "8",
+                 "--new-tokens", "4")
+    assert r["machine"]["cores"] and all(v > 0 for v in r["median_decode_tok_s"].values())
+
+
+def quick_profile_decode(tmp_path):
+    r = run_json("profile_decode", tmp_path, "--batch", "1", "--prompt-len", "8", "--steps", "2")
+    assert r["rows"] and r["rows"][0]["tok_s"] > 0
+
+
+def quick_structured_outputs(tmp_path):
+    r = run_json("structured_outputs", tmp_path, "--tokens", "4", "--repeats", "1")
+    assert r["decode"]["1_streams"]["json_schema"]["tokens_per_s_median"] > 0
+    assert r["first_schema_compile_ms"] > 0
+
+
+def quick_offline_throughput(tmp_path):
+    r = run_json("offline_throughput", tmp_path, "--new-tokens", "2", "--repeats", "1")
+    assert r["machine"]["cpu"] and positive_numbers(r)
+
+
+def quick_cpu_quant_accuracy(tmp_path):
+    r = run_json("cpu_quant_accuracy", tmp_path, "--chunks", "1", "--chunk-tokens", "16")
+    assert r["machine"]["cpu"] and positive_numbers(r)
+
+
+def quick_cpu_quant_decode(tmp_path):
+    r = run_json("cpu_quant_decode", tmp_path, "--new-tokens", "2", "--repeats", "1")
+    assert r["bandwidth"]["read_GBps"] > 0 and r["gemm_sweep_gate_up"]
+
+
+def quick_convert_report(tmp_path):
+    r = run_json("convert_report", tmp_path, "--schemes", "w4a16-rtn", "--num-samples", "2",
+                 "--seq-len", "16")
+    assert [row["scheme"] for row in r["rows"]] == ["w4a16-rtn"]
+
+
+def quick_serve_latency(tmp_path):
+    r = run_json("serve_latency", tmp_path, "--concurrency", "1", "--requests-per-client", "1",
+                 "--max-tokens", "4")
+    (row,) = r["rows"]
+    assert row["requests"] == 1 and row["ttft_p50_ms"] > 0 and row["total_tokens_per_s"] > 0
+
+
+def quick_compare_servers(tmp_path):
+    r = run_json("compare_servers", tmp_path, "--servers", "edgellm", "--quick", "--concurrency", "1",
+                 "--no-roofline", "--input-len", "16", "--output-len", "4")
+    assert r["machine"]["cores"] and r["servers"]["edgellm"]["status"] == "ok"
+    assert all(row["completed"] > 0 for row in r["servers"]["edgellm"]["levels"])
+
+
+def quick_voice_ttft(tmp_path):
+    r = run_json("voice_ttft", tmp_path, "--requests", "2", "--concurrency", "1", "--closed-loop-only")
+    assert r["runs"] and all(run["completed"] > 0 for run in r["runs"])
+
+
+def quick_router_scaleout(tmp_path):
+    # no router here: the reference run alone (one replica, no router in front)
+    r = run_json("router_scaleout", tmp_path, "--runs", "", "--personas", "1", "--callers", "2", "--turns",
+                 "1", "--concurrency", "2", "--think-time", "0", "--system-len", "32", "--output-len", "4",
+                 "--kv-cache-memory", "32M", "--duration", "120")
+    assert [row["run"] for row in r["runs"]] == ["reference"] and r["runs"][0]["completed"] > 0
+
+
+def quick_guidellm_check(tmp_path):
+    if shutil.which("guidellm", path=str(Path(sys.executable).parent)) is None:
+        pytest.skip("GuideLLM is not installed")
+    r = run_json("guidellm_check", tmp_path, "--requests", "2", "--concurrency", "1", "--rounds", "1",
+                 "--input-len", "16", "--output-len", "4")
+    assert r["comparison"]
+
+
+def quick_llama_cpp_greedy(tmp_path):
+    from edgellm.bench.llama_cpp import find_llama_server
+
+    if find_llama_server(None) is None:
+        pytest.skip("no llama-server build here (benchmarks/build_llama_server.sh)")
+    r = run_json("llama_cpp_greedy", tmp_path, "--tokens", "2")
+    assert r["machine"]["cpu"]
+
+
+def quick_hf_baseline_server(tmp_path):
+    from tests.helpers.serverutil import build_tiny_chat_model
+
+    model = build_tiny_chat_model(tmp_path / "tiny")
+    port = free_port()
+    server = Server("hf_baseline", [sys.executable, str(ROOT / "benchmarks" / "hf_baseline_server.py"),
+                                    "--model", str(model), "--port", str(port), "--threads", "1"],
+                    port, tmp_path)
+    try:
+        server.start(300)
+        body = {"model": "hf-baseline", "prompt": "Hello", "max_tokens": 3, "ignore_eos": True}
+        r = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
+        assert r["usage"]["completion_tokens"] == 3
+    finally:
+        server.stop()
+
+
+QUICK = {name[len("quick_"):]: fn for name, fn in dict(globals()).items() if name.startswith("quick_")}
+FAST = {"cpu_int_dot", "gguf_kquant_decode", "profile_decode"}  # the rest: over ~30 s each
+
+
+def test_every_script_has_a_quick_mode():
+    assert set(SCRIPTS) == set(QUICK) | set(COVERED), set(SCRIPTS) ^ (set(QUICK) | set(COVERED))
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in FAST else pytest.mark.slow)
+                                  for n in sorted(QUICK)])
+def test_quick_mode(name, tmp_path):
+    QUICK[name](tmp_path)
