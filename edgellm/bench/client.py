@@ -28,8 +28,12 @@ class RequestResult:
     error: str = ""
     start: float = 0.0
     text: str = ""  # the content received, joined
-    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, when the server sends it
-    server_timing: dict[str, Any] | None = None  # edgellm_timing of the usage chunk (edgellm serve only)
+    cached_tokens: int | None = (
+        None  # usage.prompt_tokens_details.cached_tokens, when the server sends it
+    )
+    server_timing: dict[str, Any] | None = (
+        None  # edgellm_timing of the usage chunk (edgellm serve only)
+    )
 
     @property
     def tpot(self) -> float | None:
@@ -64,7 +68,9 @@ def _body(target: Target, req: BenchRequest) -> tuple[str, dict[str, Any]]:
     if target.endpoint == "chat":
         body["messages"] = req.messages or [{"role": "user", "content": req.prompt or ""}]
         return "/v1/chat/completions", body
-    body["prompt"] = req.prompt if req.prompt is not None else (req.messages or [{}])[-1].get("content", "")
+    body["prompt"] = (
+        req.prompt if req.prompt is not None else (req.messages or [{}])[-1].get("content", "")
+    )
     return "/v1/completions", body
 
 
@@ -101,8 +107,13 @@ async def send(client: httpx.AsyncClient, target: Target, req: BenchRequest) -> 
     chunks = 0
     usage_tokens = None
     try:
-        async with client.stream("POST", target.base_url.rstrip("/") + path, json=body,
-                                 headers=headers, timeout=target.timeout) as resp:
+        async with client.stream(
+            "POST",
+            target.base_url.rstrip("/") + path,
+            json=body,
+            headers=headers,
+            timeout=target.timeout,
+        ) as resp:
             if resp.status_code != 200:
                 text = (await resp.aread()).decode(errors="replace")[:300]
                 result.error = f"HTTP {resp.status_code}: {text}"
@@ -110,7 +121,9 @@ async def send(client: httpx.AsyncClient, target: Target, req: BenchRequest) -> 
             async for chunk in sse_events(resp):
                 if chunk.get("usage"):
                     usage_tokens = chunk["usage"].get("completion_tokens")
-                    result.cached_tokens = (chunk["usage"].get("prompt_tokens_details") or {}).get("cached_tokens")
+                    result.cached_tokens = (chunk["usage"].get("prompt_tokens_details") or {}).get(
+                        "cached_tokens"
+                    )
                     result.server_timing = chunk.get("edgellm_timing")
                 content = content_of(chunk)
                 if not content:

@@ -27,31 +27,52 @@ class Conversation:
     user_len: int
 
 
-def persona_conversations(tokenizer: Any, personas: int, callers: int, turns: int, system_len: int,
-                          user_len: int, output_len: int, seed: int) -> list[Conversation]:
+def persona_conversations(
+    tokenizer: Any,
+    personas: int,
+    callers: int,
+    turns: int,
+    system_len: int,
+    user_len: int,
+    output_len: int,
+    seed: int,
+) -> list[Conversation]:
     """`callers` conversations of `turns` user turns each; caller i speaks to persona i mod
     `personas` (every persona has the same number of callers when `personas` divides `callers`),
     callers in a seeded random order. Persona prompts are `system_len` tokens of random words, all
     different from their first words on; user turns are `user_len` tokens, every one different."""
     if personas < 1 or callers < 1 or turns < 1:
         raise ValueError("personas, callers and turns must be >= 1")
-    systems = [f"You are persona {p}. " + text_of_len(tokenizer, random.Random(seed * 7919 + 1_000_003 + p),
-                                                      system_len)
-               for p in range(personas)]
+    systems = [
+        f"You are persona {p}. "
+        + text_of_len(tokenizer, random.Random(seed * 7919 + 1_000_003 + p), system_len)
+        for p in range(personas)
+    ]
     rng = random.Random(seed)
     order = [i % personas for i in range(callers)]
     rng.shuffle(order)
-    return [Conversation(p, systems[p], [text_of_len(tokenizer, rng, user_len) for _ in range(turns)],
-                         output_len, system_len, user_len)
-            for p in order]
+    return [
+        Conversation(
+            p,
+            systems[p],
+            [text_of_len(tokenizer, rng, user_len) for _ in range(turns)],
+            output_len,
+            system_len,
+            user_len,
+        )
+        for p in order
+    ]
 
 
 def turn_request(conv: Conversation, history: list[dict[str, str]], turn: int) -> BenchRequest:
     """The request of turn `turn` (0-based): the system prompt, the history so far (user turns and
     the answers received) and the next user turn. prompt_len estimates the tokens of the contents
     (answers counted at output_len), chat template excluded."""
-    messages = [{"role": "system", "content": conv.system}, *history,
-                {"role": "user", "content": conv.user_turns[turn]}]
+    messages = [
+        {"role": "system", "content": conv.system},
+        *history,
+        {"role": "user", "content": conv.user_turns[turn]},
+    ]
     prompt_len = conv.system_len + (turn + 1) * conv.user_len + turn * conv.output_len
     return BenchRequest(messages, None, prompt_len, conv.output_len)
 
@@ -85,7 +106,10 @@ async def run_conversations(
                         on_done(res)
                     if not res.ok:
                         return
-                    history += [{"role": "user", "content": user}, {"role": "assistant", "content": res.text}]
+                    history += [
+                        {"role": "user", "content": user},
+                        {"role": "assistant", "content": res.text},
+                    ]
                     if think_time and turn + 1 < len(conv.user_turns):
                         await asyncio.sleep(think_time)
 

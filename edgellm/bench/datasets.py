@@ -14,7 +14,8 @@ _WORDS = (
     "time person year way day thing man world life hand part child eye woman place work week case "
     "point government company number group problem fact be have do say get make go know take see "
     "come think look want give use find tell ask seem feel try leave call good new first last long "
-    "great little own other old right big high different small large next early young important few "
+    "great little own other old right big high different small large next early young important "
+    "few "
     "public bad same able to of in for on with at by from up about into over after river mountain "
     "city music coffee train window garden ocean story question answer morning evening weather"
 ).split()
@@ -40,35 +41,54 @@ def _lens(rng: random.Random, mean: int, ratio: float) -> int:
     return max(1, rng.randint(lo, hi) if hi > lo else mean)
 
 
-def random_requests(tokenizer: Any, num: int, input_len: int, output_len: int, range_ratio: float,
-                    seed: int, chat: bool) -> list[BenchRequest]:
+def random_requests(
+    tokenizer: Any,
+    num: int,
+    input_len: int,
+    output_len: int,
+    range_ratio: float,
+    seed: int,
+    chat: bool,
+) -> list[BenchRequest]:
     rng = random.Random(seed)
     out = []
     for _ in range(num):
         n_in, n_out = _lens(rng, input_len, range_ratio), _lens(rng, output_len, range_ratio)
         text = text_of_len(tokenizer, rng, n_in)
-        out.append(BenchRequest([{"role": "user", "content": text}] if chat else None,
-                                None if chat else text, n_in, n_out))
+        out.append(
+            BenchRequest(
+                [{"role": "user", "content": text}] if chat else None,
+                None if chat else text,
+                n_in,
+                n_out,
+            )
+        )
     return out
 
 
-def voice_requests(tokenizer: Any, num: int, system_len: int, user_len: int, output_len: int,
-                   seed: int) -> list[BenchRequest]:
+def voice_requests(
+    tokenizer: Any, num: int, system_len: int, user_len: int, output_len: int, seed: int
+) -> list[BenchRequest]:
     """A voice agent: the same long system prompt on every request, a short new user turn."""
     rng = random.Random(seed)
     system = text_of_len(tokenizer, random.Random(seed + 1_000_003), system_len)
     return [
         BenchRequest(
-            [{"role": "system", "content": system},
-             {"role": "user", "content": text_of_len(tokenizer, rng, user_len)}],
-            None, system_len + user_len, output_len,
+            [
+                {"role": "system", "content": system},
+                {"role": "user", "content": text_of_len(tokenizer, rng, user_len)},
+            ],
+            None,
+            system_len + user_len,
+            output_len,
         )
         for _ in range(num)
     ]
 
 
-def voice_requests_warmed(tokenizer: Any, num: int, system_len: int, user_len: int, output_len: int,
-                          seed: int) -> tuple[BenchRequest, list[BenchRequest]]:
+def voice_requests_warmed(
+    tokenizer: Any, num: int, system_len: int, user_len: int, output_len: int, seed: int
+) -> tuple[BenchRequest, list[BenchRequest]]:
     """A one-token turn to send first, unmeasured, so the system prompt sits in the server's prompt
     cache as for a deployed agent, and the `num` measured voice requests."""
     first, *reqs = voice_requests(tokenizer, num + 1, system_len, user_len, output_len, seed)
@@ -76,8 +96,9 @@ def voice_requests_warmed(tokenizer: Any, num: int, system_len: int, user_len: i
     return first, reqs
 
 
-def file_requests(path: str, tokenizer: Any, num: int, output_len: int, chat: bool,
-                  seed: int) -> list[BenchRequest]:
+def file_requests(
+    path: str, tokenizer: Any, num: int, output_len: int, chat: bool, seed: int
+) -> list[BenchRequest]:
     """One prompt per line; JSONL lines may be {"prompt": ..., "output_len": ...}."""
     lines = [ln for ln in Path(path).read_text(encoding="utf-8").splitlines() if ln.strip()]
     if not lines:
@@ -93,6 +114,12 @@ def file_requests(path: str, tokenizer: Any, num: int, output_len: int, chat: bo
         else:
             text = line
         n_in = len(tokenizer.encode(text, add_special_tokens=False))
-        out.append(BenchRequest([{"role": "user", "content": text}] if chat else None,
-                                None if chat else text, n_in, n_out))
+        out.append(
+            BenchRequest(
+                [{"role": "user", "content": text}] if chat else None,
+                None if chat else text,
+                n_in,
+                n_out,
+            )
+        )
     return out

@@ -20,15 +20,26 @@ def parse_guidellm(path: Path) -> dict[str, Any]:
     """The metrics of a GuideLLM benchmarks JSON (its first benchmark), successful requests only."""
     bench = json.loads(path.read_text())["benchmarks"][0]
     m = bench["metrics"]
-    ok = {name: m[name]["successful"] for name in (
-        "time_to_first_token_ms", "inter_token_latency_ms", "time_per_output_token_ms",
-        "output_tokens_per_second", "request_latency", "output_token_count", "prompt_token_count")}
+    ok = {
+        name: m[name]["successful"]
+        for name in (
+            "time_to_first_token_ms",
+            "inter_token_latency_ms",
+            "time_per_output_token_ms",
+            "output_tokens_per_second",
+            "request_latency",
+            "output_token_count",
+            "prompt_token_count",
+        )
+    }
     totals = m["request_totals"]
     duration = float(bench["duration"])
     out_tokens = float(ok["output_token_count"]["total_sum"])
     return {
-        "completed": int(totals["successful"]), "errored": int(totals["errored"]),
-        "incomplete": int(totals["incomplete"]), "duration_s": duration,
+        "completed": int(totals["successful"]),
+        "errored": int(totals["errored"]),
+        "incomplete": int(totals["incomplete"]),
+        "duration_s": duration,
         "ttft_p50_ms": _stat(ok["time_to_first_token_ms"], "p50"),
         "ttft_p95_ms": _stat(ok["time_to_first_token_ms"], "p95"),
         "ttft_mean_ms": _stat(ok["time_to_first_token_ms"], "mean"),
@@ -49,9 +60,12 @@ def parse_edgellm(path: Path) -> dict[str, Any]:
     """The same metrics from an `edgellm bench --json` file (its first run)."""
     run = json.loads(path.read_text())["runs"][0]
     return {
-        "completed": int(run["completed"]), "errored": int(run["failed"]), "incomplete": 0,
+        "completed": int(run["completed"]),
+        "errored": int(run["failed"]),
+        "incomplete": 0,
         "duration_s": float(run["duration_s"]),
-        "ttft_p50_ms": float(run["ttft_ms"]["median"]), "ttft_p95_ms": float(run["ttft_ms"]["p95"]),
+        "ttft_p50_ms": float(run["ttft_ms"]["median"]),
+        "ttft_p95_ms": float(run["ttft_ms"]["p95"]),
         "ttft_mean_ms": float(run["ttft_ms"]["mean"]),
         "decode_ms_per_token_mean": float(run["tpot_ms"]["mean"]),
         "decode_ms_per_token_p50": float(run["tpot_ms"]["median"]),
@@ -82,19 +96,30 @@ def compare(g: dict[str, Any], e: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for title, key in ROWS:
         gv, ev = float(g[key]), float(e[key])
-        rows.append({"metric": title, "key": key, "guidellm": gv, "edgellm_bench": ev,
-                     "ratio_edgellm_over_guidellm": ev / gv if gv else math.nan})
+        rows.append(
+            {
+                "metric": title,
+                "key": key,
+                "guidellm": gv,
+                "edgellm_bench": ev,
+                "ratio_edgellm_over_guidellm": ev / gv if gv else math.nan,
+            }
+        )
     return rows
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """The rows of `compare` as a text table."""
     w = max(len(r["metric"]) for r in rows)
-    lines = [f"{'metric':<{w}}  {'guidellm':>10}  {'edgellm bench':>13}  {'ratio e/g':>9}",
-             f"{'-' * w}  {'-' * 10}  {'-' * 13}  {'-' * 9}"]
+    lines = [
+        f"{'metric':<{w}}  {'guidellm':>10}  {'edgellm bench':>13}  {'ratio e/g':>9}",
+        f"{'-' * w}  {'-' * 10}  {'-' * 13}  {'-' * 9}",
+    ]
     for r in rows:
-        lines.append(f"{r['metric']:<{w}}  {r['guidellm']:>10.1f}  {r['edgellm_bench']:>13.1f}  "
-                     f"{r['ratio_edgellm_over_guidellm']:>9.3f}")
+        lines.append(
+            f"{r['metric']:<{w}}  {r['guidellm']:>10.1f}  {r['edgellm_bench']:>13.1f}  "
+            f"{r['ratio_edgellm_over_guidellm']:>9.3f}"
+        )
     return "\n".join(lines)
 
 

@@ -21,6 +21,7 @@ logger = logging.getLogger("hf_baseline")
 
 DEFAULT_NAME = "hf-baseline"
 
+
 class BadRequest(ValueError):
     pass
 
@@ -56,7 +57,10 @@ def _job(tokenizer: Any, body: dict[str, Any], chat: bool, max_len: int) -> Job:
     if not isinstance(max_tokens, int) or max_tokens < 1:
         raise BadRequest("'max_tokens' must be a positive integer")
     if len(ids) + max_tokens > max_len:
-        raise BadRequest(f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the context ({max_len})")
+        raise BadRequest(
+            f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the context "
+            f"({max_len})"
+        )
     temperature = body.get("temperature")
     temperature = 1.0 if temperature is None else float(temperature)
     if temperature < 0:
@@ -64,8 +68,13 @@ def _job(tokenizer: Any, body: dict[str, Any], chat: bool, max_len: int) -> Job:
     return Job(ids, max_tokens, bool(body.get("ignore_eos", False)), temperature)
 
 
-def create_app(model: Any, tokenizer: Any, served_name: str = DEFAULT_NAME, max_batch_size: int = 16,
-               batch_window_ms: float = 20.0) -> Any:
+def create_app(
+    model: Any,
+    tokenizer: Any,
+    served_name: str = DEFAULT_NAME,
+    max_batch_size: int = 16,
+    batch_window_ms: float = 20.0,
+) -> Any:
     batcher = Batcher(model, tokenizer, max_batch_size, batch_window_ms / 1000)
     max_len = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
 
@@ -81,8 +90,10 @@ def create_app(model: Any, tokenizer: Any, served_name: str = DEFAULT_NAME, max_
     app.state.batcher = batcher
 
     def error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-        return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": None}},
-                            status_code=status)
+        return JSONResponse(
+            {"error": {"message": message, "type": kind, "param": None, "code": None}},
+            status_code=status,
+        )
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -90,8 +101,12 @@ def create_app(model: Any, tokenizer: Any, served_name: str = DEFAULT_NAME, max_
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": served_name, "object": "model", "created": 0,
-                                            "owned_by": "transformers"}]}
+        return {
+            "object": "list",
+            "data": [
+                {"id": served_name, "object": "model", "created": 0, "owned_by": "transformers"}
+            ],
+        }
 
     async def handle(request: Request, chat: bool) -> Any:
         try:
@@ -108,8 +123,10 @@ def create_app(model: Any, tokenizer: Any, served_name: str = DEFAULT_NAME, max_
         opts = body.get("stream_options") or {}
         include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
         if body.get("stream"):
-            return StreamingResponse(_stream(job, rid, created, model_name, chat, include_usage),
-                                     media_type="text/event-stream")
+            return StreamingResponse(
+                _stream(job, rid, created, model_name, chat, include_usage),
+                media_type="text/event-stream",
+            )
         try:
             text, finish = await _collect(job)
         except RuntimeError as exc:
@@ -121,8 +138,14 @@ def create_app(model: Any, tokenizer: Any, served_name: str = DEFAULT_NAME, max_
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
-        return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
-                "model": model_name, "choices": [choice], "usage": _usage(job)}
+        return {
+            "id": rid,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": created,
+            "model": model_name,
+            "choices": [choice],
+            "usage": _usage(job),
+        }
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
@@ -137,7 +160,11 @@ def create_app(model: Any, tokenizer: Any, served_name: str = DEFAULT_NAME, max_
 
 def _usage(job: Job) -> dict[str, int]:
     n = len(job.token_ids)
-    return {"prompt_tokens": len(job.prompt_ids), "completion_tokens": n, "total_tokens": len(job.prompt_ids) + n}
+    return {
+        "prompt_tokens": len(job.prompt_ids),
+        "completion_tokens": n,
+        "total_tokens": len(job.prompt_ids) + n,
+    }
 
 
 async def _collect(job: Job) -> tuple[str, str]:
@@ -165,7 +192,12 @@ async def _stream(job: Job, rid: str, created: int, model: str, chat: bool, incl
             delta: dict[str, Any] = {} if started else {"role": "assistant"}
             if text is not None:
                 delta["content"] = text
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice: dict[str, Any] = {
+                "index": 0,
+                "delta": delta,
+                "logprobs": None,
+                "finish_reason": finish,
+            }
         else:
             choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
         started = True
@@ -178,15 +210,30 @@ async def _stream(job: Job, rid: str, created: int, model: str, chat: bool, incl
             if kind == "delta":
                 yield chunk(payload, None)
             elif kind == "done":
-                yield chunk("" if started else None, payload if payload in ("stop", "length") else "stop")
+                yield chunk(
+                    "" if started else None, payload if payload in ("stop", "length") else "stop"
+                )
                 break
             else:
-                err = {"error": {"message": payload, "type": "server_error", "param": None, "code": None}}
+                err = {
+                    "error": {
+                        "message": payload,
+                        "type": "server_error",
+                        "param": None,
+                        "code": None,
+                    }
+                }
                 yield f"data: {json.dumps(err)}\n\n"
                 break
         if include_usage:
-            body = {"id": rid, "object": obj, "created": created, "model": model, "choices": [],
-                    "usage": _usage(job)}
+            body = {
+                "id": rid,
+                "object": obj,
+                "created": created,
+                "model": model,
+                "choices": [],
+                "usage": _usage(job),
+            }
             yield f"data: {json.dumps(body)}\n\n"
         yield "data: [DONE]\n\n"
     finally:

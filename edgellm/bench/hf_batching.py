@@ -20,6 +20,7 @@ import torch
 
 logger = logging.getLogger("hf_baseline")
 
+
 @dataclass
 class Job:
     """One request: its prompt ids, sampling settings and where its output goes."""
@@ -91,7 +92,7 @@ class BatchStreamer:
             return  # an incomplete UTF-8 sequence: wait for the next token
         # byte-level BPE decodes a prefix of the tokens to a prefix of the text; if a tokenizer
         # ever rewrites earlier text, nothing is sent until the text extends what was sent
-        delta = text[len(job.sent_text):] if text.startswith(job.sent_text) else ""
+        delta = text[len(job.sent_text) :] if text.startswith(job.sent_text) else ""
         if delta:
             job.sent_text += delta
             job.emit("delta", delta)
@@ -137,8 +138,11 @@ class RowTemperature:
 
 def eos_token_ids(model: Any, tokenizer: Any) -> set[int]:
     ids: set[int] = set()
-    for value in (getattr(model.generation_config, "eos_token_id", None), getattr(model.config, "eos_token_id", None),
-                  tokenizer.eos_token_id):
+    for value in (
+        getattr(model.generation_config, "eos_token_id", None),
+        getattr(model.config, "eos_token_id", None),
+        tokenizer.eos_token_id,
+    ):
         if isinstance(value, int):
             ids.add(value)
         elif isinstance(value, (list, tuple)):
@@ -156,13 +160,20 @@ def prepare_model(model: Any, tokenizer: Any) -> tuple[set[int], int]:
     if pad is None:
         pad = min(eos) if eos else 0
     model.generation_config = GenerationConfig(
-        eos_token_id=None, pad_token_id=pad, bos_token_id=getattr(model.config, "bos_token_id", None),
-        do_sample=False, temperature=1.0, top_k=None, top_p=None,
+        eos_token_id=None,
+        pad_token_id=pad,
+        bos_token_id=getattr(model.config, "bos_token_id", None),
+        do_sample=False,
+        temperature=1.0,
+        top_k=None,
+        top_p=None,
     )
     return eos, pad
 
 
-def generate_batch(model: Any, tokenizer: Any, jobs: list[Job], eos_ids: set[int], pad_id: int) -> BatchStreamer:
+def generate_batch(
+    model: Any, tokenizer: Any, jobs: list[Job], eos_ids: set[int], pad_id: int
+) -> BatchStreamer:
     """Run one static batch to completion: left-pad, generate, stream each row's deltas."""
     from transformers import LogitsProcessorList, StoppingCriteriaList
 
@@ -171,17 +182,23 @@ def generate_batch(model: Any, tokenizer: Any, jobs: list[Job], eos_ids: set[int
     mask = torch.zeros((len(jobs), width), dtype=torch.long)
     for i, job in enumerate(jobs):
         n = len(job.prompt_ids)
-        input_ids[i, width - n:] = torch.tensor(job.prompt_ids, dtype=torch.long)
-        mask[i, width - n:] = 1
+        input_ids[i, width - n :] = torch.tensor(job.prompt_ids, dtype=torch.long)
+        mask[i, width - n :] = 1
     streamer = BatchStreamer(jobs, tokenizer, eos_ids)
     sample = any(j.temperature > 0 for j in jobs)
-    processors = LogitsProcessorList([RowTemperature([j.temperature for j in jobs])] if sample else [])
+    processors = LogitsProcessorList(
+        [RowTemperature([j.temperature for j in jobs])] if sample else []
+    )
     device = next(model.parameters()).device
     with torch.inference_mode():
         model.generate(
-            input_ids=input_ids.to(device), attention_mask=mask.to(device),
-            max_new_tokens=max(j.max_tokens for j in jobs), min_new_tokens=0,
-            do_sample=sample, pad_token_id=pad_id, streamer=streamer,
+            input_ids=input_ids.to(device),
+            attention_mask=mask.to(device),
+            max_new_tokens=max(j.max_tokens for j in jobs),
+            min_new_tokens=0,
+            do_sample=sample,
+            pad_token_id=pad_id,
+            streamer=streamer,
             stopping_criteria=StoppingCriteriaList([RowStopping(jobs, width, eos_ids)]),
             logits_processor=processors,
         )
@@ -191,7 +208,9 @@ def generate_batch(model: Any, tokenizer: Any, jobs: list[Job], eos_ids: set[int
 class Batcher:
     """Groups queued jobs into static batches and runs them one after another on one thread."""
 
-    def __init__(self, model: Any, tokenizer: Any, max_batch_size: int = 16, window_s: float = 0.02) -> None:
+    def __init__(
+        self, model: Any, tokenizer: Any, max_batch_size: int = 16, window_s: float = 0.02
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.eos_ids, self.pad_id = prepare_model(model, tokenizer)
@@ -242,8 +261,15 @@ class Batcher:
                 continue
             self.batch_sizes.append(len(batch))
             try:
-                await loop.run_in_executor(self.executor, generate_batch, self.model, self.tokenizer, batch,
-                                           self.eos_ids, self.pad_id)
+                await loop.run_in_executor(
+                    self.executor,
+                    generate_batch,
+                    self.model,
+                    self.tokenizer,
+                    batch,
+                    self.eos_ids,
+                    self.pad_id,
+                )
             except Exception as exc:  # every waiting client gets the error
                 logger.exception("batch of %d failed", len(batch))
                 for job in batch:

@@ -31,7 +31,11 @@ def find_llama_server(explicit: str | None) -> Path | None:
     """The llama-server binary: `explicit`, else $EDGELLM_LLAMA_SERVER, else where
     benchmarks/build_llama_server.sh builds it; None when none of them is an executable file."""
     for cand in (explicit, env.llama_server(), str(LLAMA_DEFAULT)):
-        if cand and Path(cand).expanduser().is_file() and os.access(Path(cand).expanduser(), os.X_OK):
+        if (
+            cand
+            and Path(cand).expanduser().is_file()
+            and os.access(Path(cand).expanduser(), os.X_OK)
+        ):
             return Path(cand).expanduser()
     return None
 
@@ -39,7 +43,9 @@ def find_llama_server(explicit: str | None) -> Path | None:
 def llama_flags(binary: Path) -> set[str]:
     """The long options this llama-server build knows (builds differ across versions)."""
     try:
-        proc = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=60, check=False)
+        proc = subprocess.run(
+            [str(binary), "--help"], capture_output=True, text=True, timeout=60, check=False
+        )
     except (OSError, subprocess.SubprocessError):
         return set()
     return set(re.findall(r"--[a-z][a-z0-9-]+", proc.stdout + proc.stderr))
@@ -56,17 +62,35 @@ def converter_dir() -> Path:
     sdist = base / "sdist" / f"llama_cpp_python-{LLAMA_CPP_PY_VERSION}.tar.gz"
     if not sdist.is_file():
         sdist.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-binary", ":all:", "--no-deps",
-               "--dest", str(sdist.parent), f"llama-cpp-python=={LLAMA_CPP_PY_VERSION}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-binary",
+            ":all:",
+            "--no-deps",
+            "--dest",
+            str(sdist.parent),
+            f"llama-cpp-python=={LLAMA_CPP_PY_VERSION}",
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
         if proc.returncode != 0 or not sdist.is_file():
-            raise RuntimeError(f"cannot download llama-cpp-python {LLAMA_CPP_PY_VERSION}'s sdist:\n"
-                               f"{proc.stderr[-2000:]}")
+            raise RuntimeError(
+                f"cannot download llama-cpp-python {LLAMA_CPP_PY_VERSION}'s sdist:\n"
+                f"{proc.stderr[-2000:]}"
+            )
     target = base / "converter"
     target.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target) as tmp, tarfile.open(sdist) as tar:
-        wanted = [m for m in tar.getmembers() if m.isfile() and m.name.startswith(_VENDORED + "/")
-                  and m.name[len(_VENDORED) + 1:].startswith(_CONVERTER_PARTS)]
+        wanted = [
+            m
+            for m in tar.getmembers()
+            if m.isfile()
+            and m.name.startswith(_VENDORED + "/")
+            and m.name[len(_VENDORED) + 1 :].startswith(_CONVERTER_PARTS)
+        ]
         tar.extractall(tmp, members=wanted, filter="data")
         out = Path(tmp) / _VENDORED
         final = target / _VENDORED

@@ -19,8 +19,21 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile",
-         "amx_int8", "amx_bf16", "avx_vnni", "asimd", "sve")
+FLAGS = (
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx512_bf16",
+    "amx_tile",
+    "amx_int8",
+    "amx_bf16",
+    "avx_vnni",
+    "asimd",
+    "sve",
+)
 
 
 def _cpuinfo_field(name: str) -> str | None:
@@ -70,17 +83,33 @@ def gpu() -> dict[str, Any] | None:
     if not torch.cuda.is_available():
         return None
     props = torch.cuda.get_device_properties(0)
-    return {"name": props.name, "memory_gib": round(props.total_memory / 2**30, 1),
-            "capability": f"{props.major}.{props.minor}", "count": torch.cuda.device_count()}
+    return {
+        "name": props.name,
+        "memory_gib": round(props.total_memory / 2**30, 1),
+        "capability": f"{props.major}.{props.minor}",
+        "count": torch.cuda.device_count(),
+    }
 
 
 def commit() -> str | None:
     """The checkout's short commit, with +dirty when tracked files changed (None outside git)."""
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                             text=True, timeout=10, check=False).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, timeout=10, check=False).stdout.strip()
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return (rev + ("+dirty" if dirty else "")) or None
@@ -93,10 +122,14 @@ def machine_info(threads: int | None = None) -> dict[str, Any]:
     import torch
 
     info: dict[str, Any] = {
-        "cpu": cpu_name(), "cpu_flags": cpu_flags(), "cores": os.cpu_count(),
-        "memory_gib": memory_gib(), "gpu": gpu(),
+        "cpu": cpu_name(),
+        "cpu_flags": cpu_flags(),
+        "cores": os.cpu_count(),
+        "memory_gib": memory_gib(),
+        "gpu": gpu(),
         "threads": threads if threads is not None else torch.get_num_threads(),
-        "torch": torch.__version__, "python": platform.python_version(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
         "platform": platform.platform(),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "load_average_start": load_average(),
@@ -113,8 +146,10 @@ def machine_info(threads: int | None = None) -> dict[str, Any]:
 
 def describe(info: dict[str, Any]) -> str:
     """One line for a console report: CPU, cores, threads, torch, load average."""
-    return (f"{info['cpu']}, {info['cores']} cores, torch {info['torch']}, {info['threads']} threads, "
-            f"load average {info['load_average_start']:.1f} at start")
+    return (
+        f"{info['cpu']}, {info['cores']} cores, torch {info['torch']}, {info['threads']} threads, "
+        f"load average {info['load_average_start']:.1f} at start"
+    )
 
 
 def best_of(fn: Callable[[], Any], repeats: int, inner: int = 1) -> float:

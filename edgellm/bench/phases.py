@@ -47,7 +47,11 @@ class PhaseTimer:
             finally:
                 bucket.append(time.perf_counter() - t0)
 
-        setattr(owner, name, timed if inspect.ismethod(fn) or inspect.isfunction(fn) else _Timed(fn, timed))
+        setattr(
+            owner,
+            name,
+            timed if inspect.ismethod(fn) or inspect.isfunction(fn) else _Timed(fn, timed),
+        )
 
     def reset(self) -> None:
         for v in self.totals.values():

@@ -28,30 +28,100 @@ from edgellm.bench.results import RESULTS
 from edgellm.bench.servers import ServerProcess, rss_bytes, scrape
 
 MODEL = "reliability"
-SYSTEM = ("You are a friendly voice assistant for a travel company. Answer in two or three short spoken "
-          "sentences, without lists or markdown.")
-TOPICS = ["Iceland", "Lisbon", "Kyoto", "Rome", "Peru", "the aurora", "Japan", "New York", "Greek islands",
-          "Canada", "Seoul", "Scotland", "Oslo", "Prague", "snorkeling", "Bali", "Cairo", "Patagonia",
-          "Vienna", "Hanoi", "Marrakesh", "Sydney", "Lapland", "Havana"]
-WORDS = ["river", "mountain", "coffee", "window", "lantern", "harbor", "garden", "violin", "market", "winter",
-         "summer", "rocket", "pencil", "forest", "desert", "island", "bridge", "castle", "meadow", "thunder",
-         "silver", "copper", "velvet", "marble", "candle", "ladder", "anchor", "falcon", "orchard", "glacier",
-         "canyon", "prairie", "compass", "meteor", "saddle", "tunnel", "beacon"]
+SYSTEM = (
+    "You are a friendly voice assistant for a travel company. Answer in two or three short spoken "
+    "sentences, without lists or markdown."
+)
+TOPICS = [
+    "Iceland",
+    "Lisbon",
+    "Kyoto",
+    "Rome",
+    "Peru",
+    "the aurora",
+    "Japan",
+    "New York",
+    "Greek islands",
+    "Canada",
+    "Seoul",
+    "Scotland",
+    "Oslo",
+    "Prague",
+    "snorkeling",
+    "Bali",
+    "Cairo",
+    "Patagonia",
+    "Vienna",
+    "Hanoi",
+    "Marrakesh",
+    "Sydney",
+    "Lapland",
+    "Havana",
+]
+WORDS = [
+    "river",
+    "mountain",
+    "coffee",
+    "window",
+    "lantern",
+    "harbor",
+    "garden",
+    "violin",
+    "market",
+    "winter",
+    "summer",
+    "rocket",
+    "pencil",
+    "forest",
+    "desert",
+    "island",
+    "bridge",
+    "castle",
+    "meadow",
+    "thunder",
+    "silver",
+    "copper",
+    "velvet",
+    "marble",
+    "candle",
+    "ladder",
+    "anchor",
+    "falcon",
+    "orchard",
+    "glacier",
+    "canyon",
+    "prairie",
+    "compass",
+    "meteor",
+    "saddle",
+    "tunnel",
+    "beacon",
+]
 
 
 def add_server_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("server")
     g.add_argument("--base-url", default=None, help="an existing server (default: start one)")
     g.add_argument("--model", default=MODEL, help="served model name on an existing server")
-    g.add_argument("--pid", type=int, default=None, help="the existing server's pid, to read its RSS")
+    g.add_argument(
+        "--pid", type=int, default=None, help="the existing server's pid, to read its RSS"
+    )
     g.add_argument("--max-num-seqs", type=int, default=8)
     g.add_argument("--max-waiting-requests", type=int, default=8)
     g.add_argument("--max-model-len", type=int, default=1024)
     g.add_argument("--kv-cache-memory", default="256M")
-    g.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help="the prefill chunk budget per step (server default: 2048)")
+    g.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="the prefill chunk budget per step (server default: 2048)",
+    )
     g.add_argument("--api-key", default=None)
-    p.add_argument("--json", default=None, help="where to write the result (default benchmarks/results/NAME.json)")
+    p.add_argument(
+        "--json",
+        default=None,
+        help="where to write the result (default benchmarks/results/NAME.json)",
+    )
 
 
 @dataclass
@@ -75,32 +145,62 @@ class Target:
         if self.log_path is None:
             return {}
         text = self.log_path.read_text(errors="replace")
-        return {"tracebacks": text.count("Traceback"), "error_lines": text.count(" ERROR ") + text.count("ERROR:"),
-                "critical_lines": text.count("CRITICAL")}
+        return {
+            "tracebacks": text.count("Traceback"),
+            "error_lines": text.count(" ERROR ") + text.count("ERROR:"),
+            "critical_lines": text.count("CRITICAL"),
+        }
 
 
 @contextlib.contextmanager
 def server(args: argparse.Namespace) -> Iterator[Target]:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     if args.base_url:
-        yield Target(args.base_url.rstrip("/"), args.model, args.pid, headers,
-                     max_num_seqs=args.max_num_seqs, max_waiting_requests=args.max_waiting_requests)
+        yield Target(
+            args.base_url.rstrip("/"),
+            args.model,
+            args.pid,
+            headers,
+            max_num_seqs=args.max_num_seqs,
+            max_waiting_requests=args.max_waiting_requests,
+        )
         return
     with tempfile.TemporaryDirectory() as d:
         cfg = Path(d) / "models.yaml"
-        cfg.write_text(f"models:\n  {MODEL}:\n    source: default\n    max_model_len: {args.max_model_len}\n"
-                       f"    warm_prompts:\n      - {json.dumps(SYSTEM)}\n")
+        cfg.write_text(
+            f"models:\n  {MODEL}:\n    source: default\n    max_model_len: {args.max_model_len}\n"
+            f"    warm_prompts:\n      - {json.dumps(SYSTEM)}\n"
+        )
         extra = ["--api-key", args.api_key] if args.api_key else []
         if args.max_num_batched_tokens:
             extra += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
-        srv = ServerProcess(["--config", str(cfg), "--model", MODEL, "--kv-cache-memory", args.kv_cache_memory,
-                             "--max-num-seqs", str(args.max_num_seqs),
-                             "--max-waiting-requests", str(args.max_waiting_requests), *extra],
-                            Path(d) / "server.log")
+        srv = ServerProcess(
+            [
+                "--config",
+                str(cfg),
+                "--model",
+                MODEL,
+                "--kv-cache-memory",
+                args.kv_cache_memory,
+                "--max-num-seqs",
+                str(args.max_num_seqs),
+                "--max-waiting-requests",
+                str(args.max_waiting_requests),
+                *extra,
+            ],
+            Path(d) / "server.log",
+        )
         try:
             srv.wait_ready()
-            yield Target(srv.url, MODEL, srv.proc.pid, headers, Path(d) / "server.log",
-                         args.max_num_seqs, args.max_waiting_requests)
+            yield Target(
+                srv.url,
+                MODEL,
+                srv.proc.pid,
+                headers,
+                Path(d) / "server.log",
+                args.max_num_seqs,
+                args.max_waiting_requests,
+            )
         finally:
             srv.stop()
             # a log with errors in it is kept next to the results, for a post-mortem
@@ -113,11 +213,26 @@ def server(args: argparse.Namespace) -> Iterator[Target]:
                     print(f"the server logged errors: {out}")
 
 
-def chat_body(model: str, question: str, max_tokens: int, *, stream: bool = True, system: str | None = SYSTEM,
-              **extra: Any) -> dict[str, Any]:
-    msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
-    return {"model": model, "messages": msgs, "max_tokens": max_tokens, "temperature": 0, "stream": stream,
-            **extra}
+def chat_body(
+    model: str,
+    question: str,
+    max_tokens: int,
+    *,
+    stream: bool = True,
+    system: str | None = SYSTEM,
+    **extra: Any,
+) -> dict[str, Any]:
+    msgs = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": question}
+    ]
+    return {
+        "model": model,
+        "messages": msgs,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": stream,
+        **extra,
+    }
 
 
 @dataclass
@@ -134,9 +249,15 @@ class StreamResult:
     headers_at: float | None = None
 
 
-async def stream_chat(client: httpx.AsyncClient, t: Target, body: dict[str, Any], *,
-                      stop_after_tokens: int | None = None, stop_after_s: float | None = None,
-                      path: str = "/v1/chat/completions") -> StreamResult:
+async def stream_chat(
+    client: httpx.AsyncClient,
+    t: Target,
+    body: dict[str, Any],
+    *,
+    stop_after_tokens: int | None = None,
+    stop_after_s: float | None = None,
+    path: str = "/v1/chat/completions",
+) -> StreamResult:
     """Send a streaming request; hang up (close the connection) after `stop_after_tokens` content
     events or `stop_after_s` seconds, whichever comes first; else read to the end."""
     res = StreamResult()
@@ -186,7 +307,9 @@ async def stream_chat(client: httpx.AsyncClient, t: Target, body: dict[str, Any]
     return res
 
 
-async def complete_once(client: httpx.AsyncClient, t: Target, body: dict[str, Any]) -> tuple[int, Any, float]:
+async def complete_once(
+    client: httpx.AsyncClient, t: Target, body: dict[str, Any]
+) -> tuple[int, Any, float]:
     t0 = time.perf_counter()
     r = await client.post(t.url + "/v1/chat/completions", json=body, headers=t.headers)
     try:
@@ -201,8 +324,12 @@ async def wait_idle(t: Target, timeout: float = 60.0) -> dict[str, float]:
     deadline = time.monotonic() + timeout
     while True:
         m = await asyncio.to_thread(t.metrics)
-        if (m.get("vllm:num_requests_running", 0) == 0 and m.get("vllm:num_requests_waiting", 0) == 0
-                and m.get("edgellm:kv_blocks_used", 0) == 0 and m.get("edgellm:requests_in_flight", 0) == 0):
+        if (
+            m.get("vllm:num_requests_running", 0) == 0
+            and m.get("vllm:num_requests_waiting", 0) == 0
+            and m.get("edgellm:kv_blocks_used", 0) == 0
+            and m.get("edgellm:requests_in_flight", 0) == 0
+        ):
             return m
         if time.monotonic() > deadline:
             return m

@@ -48,8 +48,12 @@ def _meets(r: RequestResult, slos: dict[str, float]) -> bool:
     return r.ok and all(values[k] * 1000 <= v for k, v in slos.items())
 
 
-def summarize(results: list[RequestResult], elapsed: float, slos: dict[str, float] | None = None,
-              label: str = "") -> dict[str, Any]:
+def summarize(
+    results: list[RequestResult],
+    elapsed: float,
+    slos: dict[str, float] | None = None,
+    label: str = "",
+) -> dict[str, Any]:
     ok = [r for r in results if r.ok]
     out_tokens = sum(r.output_tokens for r in ok)
     in_tokens = sum(r.prompt_len for r in ok)
@@ -74,8 +78,11 @@ def summarize(results: list[RequestResult], elapsed: float, slos: dict[str, floa
     }
     if slos:
         good = sum(1 for r in ok if _meets(r, slos))
-        summary["goodput"] = {"slo_ms": slos, "requests": good,
-                              "request_goodput": good / elapsed if elapsed else math.nan}
+        summary["goodput"] = {
+            "slo_ms": slos,
+            "requests": good,
+            "request_goodput": good / elapsed if elapsed else math.nan,
+        }
     return summary
 
 
@@ -87,13 +94,21 @@ def format_table(summary: dict[str, Any]) -> str:
     lines.append(f"{'Total input tokens:':40s}{summary['total_input_tokens']:>12d}")
     lines.append(f"{'Total generated tokens:':40s}{summary['total_output_tokens']:>12d}")
     lines.append(f"{'Request throughput (req/s):':40s}{summary['request_throughput']:>12.2f}")
-    lines.append(f"{'Output token throughput (tok/s):':40s}{summary['output_token_throughput']:>12.2f}")
-    lines.append(f"{'Total token throughput (tok/s):':40s}{summary['total_token_throughput']:>12.2f}")
+    lines.append(
+        f"{'Output token throughput (tok/s):':40s}{summary['output_token_throughput']:>12.2f}"
+    )
+    lines.append(
+        f"{'Total token throughput (tok/s):':40s}{summary['total_token_throughput']:>12.2f}"
+    )
     if "goodput" in summary:
         g = summary["goodput"]
         lines.append(f"{'Request goodput (req/s):':40s}{g['request_goodput']:>12.2f}")
-    for key, title in (("ttft_ms", "Time to First Token"), ("tpot_ms", "Time per Output Token (excl. 1st)"),
-                       ("itl_ms", "Inter-token Latency"), ("e2e_ms", "End-to-end Latency")):
+    for key, title in (
+        ("ttft_ms", "Time to First Token"),
+        ("tpot_ms", "Time per Output Token (excl. 1st)"),
+        ("itl_ms", "Inter-token Latency"),
+        ("e2e_ms", "End-to-end Latency"),
+    ):
         s = summary[key]
         lines.append(f"{'-' * 12}{title}{'-' * max(1, 40 - len(title))}")
         lines.append(f"{'Mean (ms):':40s}{s['mean']:>12.2f}")
@@ -117,8 +132,10 @@ def plot(runs: list[tuple[str, list[RequestResult], dict[str, Any]]], path: str)
     fig, axes = plt.subplots(1, ncols, figsize=(5 * ncols, 4))
     for label, results, _ in runs:
         ok = [r for r in results if r.ok]
-        for ax, values in ((axes[0], [r.ttft * 1000 for r in ok]),
-                           (axes[1], [x * 1000 for r in ok for x in r.itl])):
+        for ax, values in (
+            (axes[0], [r.ttft * 1000 for r in ok]),
+            (axes[1], [x * 1000 for r in ok for x in r.itl]),
+        ):
             xs = sorted(values)
             if xs:
                 ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=label)
@@ -130,7 +147,9 @@ def plot(runs: list[tuple[str, list[RequestResult], dict[str, Any]]], path: str)
     if len(runs) > 1:
         xs = [s.get("concurrency", i) for i, (_, _, s) in enumerate(runs)]
         axes[2].plot(xs, [s["output_token_throughput"] for _, _, s in runs], marker="o")
-        axes[2].set(title="Output throughput vs concurrency", xlabel="concurrent streams", ylabel="tok/s")
+        axes[2].set(
+            title="Output throughput vs concurrency", xlabel="concurrent streams", ylabel="tok/s"
+        )
         axes[2].grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -15,9 +15,11 @@ RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 def header(doc: str | None, script: str) -> dict[str, Any]:
     """{"what": the first line of the script's docstring, "date": local "YYYY-MM-DD HH:MM",
     "command": how the script was called} for the top of a result."""
-    return {"what": (doc or "").strip().splitlines()[0] if doc else "",
-            "date": time.strftime("%Y-%m-%d %H:%M"),
-            "command": f"python benchmarks/{Path(script).name} " + " ".join(sys.argv[1:])}
+    return {
+        "what": (doc or "").strip().splitlines()[0] if doc else "",
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "command": f"python benchmarks/{Path(script).name} " + " ".join(sys.argv[1:]),
+    }
 
 
 def write_json(path: str | Path, data: dict[str, Any]) -> Path:

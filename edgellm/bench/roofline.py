@@ -27,10 +27,14 @@ def decode_weight_bytes(model: Any) -> dict[str, int]:
             kernel = getattr(module, "kernel", None)
             if kernel is not None and hasattr(kernel, "packed"):  # the CPU int4 GEMV
                 linear += nbytes(kernel.packed) + nbytes(getattr(kernel, "scale_zero", None))
-            elif kernel is not None and hasattr(kernel, "qweight"):  # integer dots: codes, scales, offsets
+            elif kernel is not None and hasattr(
+                kernel, "qweight"
+            ):  # integer dots: codes, scales, offsets
                 linear += nbytes(kernel.qweight) + nbytes(kernel.scale) + nbytes(kernel.offset)
             elif kernel is not None:
-                linear += sum(nbytes(v) for v in vars(kernel).values() if hasattr(v, "element_size"))
+                linear += sum(
+                    nbytes(v) for v in vars(kernel).values() if hasattr(v, "element_size")
+                )
             else:
                 linear += sum(nbytes(p) for p in module.parameters(recurse=False))
                 linear += sum(nbytes(b) for b in module.buffers(recurse=False))
@@ -39,13 +43,24 @@ def decode_weight_bytes(model: Any) -> dict[str, int]:
         elif "norm" in type(module).__name__.lower():
             norms += sum(nbytes(p) for p in module.parameters(recurse=False))
     emb = model.model.embed_tokens.weight
-    head = nbytes(emb) if getattr(model, "lm_head", None) is None else 0  # tied: logits read the embedding
+    head = (
+        nbytes(emb) if getattr(model, "lm_head", None) is None else 0
+    )  # tied: logits read the embedding
     fast_head = getattr(model, "fast_logits", None)
-    if fast_head is not None:  # the CPU int8 logits head reads its int8 codes and row scales instead
-        head = nbytes(fast_head.codes) + nbytes(getattr(fast_head, "scales", getattr(fast_head, "scale", None)))
+    if (
+        fast_head is not None
+    ):  # the CPU int8 logits head reads its int8 codes and row scales instead
+        head = nbytes(fast_head.codes) + nbytes(
+            getattr(fast_head, "scales", getattr(fast_head, "scale", None))
+        )
     row = emb.shape[1] * emb.element_size()
-    return {"linears": linear, "norms": norms, "tied_logits_matrix": head, "embedding_row": row,
-            "total": linear + norms + head + row}
+    return {
+        "linears": linear,
+        "norms": norms,
+        "tied_logits_matrix": head,
+        "embedding_row": row,
+        "total": linear + norms + head + row,
+    }
 
 
 def edgellm_roofline_bytes(cpu_kernels: str | None, model_path: Path | None) -> dict[str, Any]:
@@ -54,8 +69,12 @@ def edgellm_roofline_bytes(cpu_kernels: str | None, model_path: Path | None) -> 
 
     if cpu_kernels:
         os.environ["EDGELLM_CPU_QUANT"] = cpu_kernels
-    llm = LLM(str(model_path) if model_path else None, kv_cache_memory=32 << 20, max_model_len=256,
-              enable_prefix_caching=False)
+    llm = LLM(
+        str(model_path) if model_path else None,
+        kv_cache_memory=32 << 20,
+        max_model_len=256,
+        enable_prefix_caching=False,
+    )
     model = llm.engine.model
     out: dict[str, Any] = decode_weight_bytes(model)
     out["dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")

@@ -35,7 +35,8 @@ def served_model(url: str) -> str:
 
 
 def scrape(url: str, headers: dict[str, str] | None = None) -> dict[str, float]:
-    """name{labels} -> value from GET /metrics (the label set dropped when it is only model_name)."""
+    """name{labels} -> value from GET /metrics (the label set dropped when it is only
+    model_name)."""
     out: dict[str, float] = {}
     for line in httpx.get(url + "/metrics", headers=headers, timeout=30).text.splitlines():
         if line.startswith("#") or not line.strip():
@@ -63,9 +64,16 @@ class Server:
     passes (the process is then stopped). stop() terminates it (kill after 30 s) and closes the log.
     """
 
-    def __init__(self, name: str, cmd: list[str], port: int, log_dir: Path | None = None,
-                 env: dict[str, str] | None = None, cwd: Path | None = None,
-                 log_path: Path | None = None):
+    def __init__(
+        self,
+        name: str,
+        cmd: list[str],
+        port: int,
+        log_dir: Path | None = None,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        log_path: Path | None = None,
+    ):
         self.name = name
         self.cwd = cwd
         self.cmd = cmd
@@ -76,8 +84,12 @@ class Server:
                 raise ValueError("Server needs log_dir or log_path")
             log_path = log_dir / f"{name}.log"
         self.log_path = log_path
-        self.env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-                    **(env or {})}
+        self.env = {
+            **os.environ,
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            **(env or {}),
+        }
         self.load_average_before = math.nan
         self.proc: subprocess.Popen | None = None
         self.log: Any = None
@@ -91,8 +103,9 @@ class Server:
         self.load_average_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
         self.log = open(self.log_path, "wb")  # noqa: SIM115  (closed in stop())
         self._t0 = time.monotonic()
-        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env=self.env, cwd=self.cwd)
+        self.proc = subprocess.Popen(
+            self.cmd, stdout=self.log, stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd
+        )
 
     def wait_ready(self, timeout: float = 240.0) -> None:
         """Return once GET /health answers 200; raise RuntimeError when the process exits first or
@@ -101,7 +114,9 @@ class Server:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}"
+                )
             try:
                 if httpx.get(self.url + "/health", timeout=5).status_code == 200:
                     self.load_s = time.monotonic() - self._t0
@@ -125,13 +140,20 @@ class Server:
             self.start(timeout)
             return None
         except RuntimeError:
-            crashed = self.proc is not None and self.proc.returncode is not None and self.proc.returncode < 0
+            crashed = (
+                self.proc is not None
+                and self.proc.returncode is not None
+                and self.proc.returncode < 0
+            )
             if self.fallback is None or not crashed:
                 raise
             self.stop()
             self.cmd, note = self.fallback
             self.fallback = None
-            print(f"  {self.name} crashed while starting (signal {-self.proc.returncode}); {note}", flush=True)
+            print(
+                f"  {self.name} crashed while starting (signal {-self.proc.returncode}); {note}",
+                flush=True,
+            )
             self.log_path = self.log_path.with_name(self.log_path.stem + ".retry.log")
             self.start(timeout)
             return note
@@ -168,24 +190,41 @@ class Server:
 
 def edgellm_serve_cmd(port: int, args: list[str]) -> list[str]:
     """The command line of `edgellm serve` on 127.0.0.1:port, access log off, then `args`."""
-    return [sys.executable, "-m", "edgellm.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-            "--no-access-log", *args]
+    return [
+        sys.executable,
+        "-m",
+        "edgellm.cli",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--no-access-log",
+        *args,
+    ]
 
 
 class ServerProcess(Server):
     """`edgellm serve ARGS` on a free port, launched at construction (call wait_ready() next)."""
 
-    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None,
-                 cwd: Path | None = None) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
         port = free_port()
-        super().__init__("edgellm", edgellm_serve_cmd(port, args), port, env=env, cwd=cwd,
-                         log_path=log_path)
+        super().__init__(
+            "edgellm", edgellm_serve_cmd(port, args), port, env=env, cwd=cwd, log_path=log_path
+        )
         self.launch()
 
 
 @contextlib.contextmanager
-def serving(args: list[str], log_path: Path, env: dict[str, str] | None = None,
-            timeout: float = 240.0) -> Iterator[ServerProcess]:
+def serving(
+    args: list[str], log_path: Path, env: dict[str, str] | None = None, timeout: float = 240.0
+) -> Iterator[ServerProcess]:
     """A ServerProcess, ready, stopped on exit."""
     srv = ServerProcess(args, log_path, env)
     try:
