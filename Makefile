@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.edgellm-installed
 
-.PHONY: install test test-slow serve chat bench clean
+.PHONY: install test test-slow typecheck serve chat bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -23,6 +23,10 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
+
+# mypy over the engine and the server ([tool.mypy] in pyproject.toml)
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
 
 serve: $(STAMP)
 	$(VENV)/bin/edgellm serve

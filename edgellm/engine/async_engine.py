@@ -245,8 +245,8 @@ class AsyncEngine:
                 self.engine.fail_requests([rid], "internal error in the engine (aborting the request)")
             with self._lock:
                 self._streams.pop(rid, None)
-        for stream, exc in failed:
-            _send(stream, exc)
+        for stream, error in failed:
+            _send(stream, error)
 
     def _idle(self) -> bool:
         return not self._adds and not self._aborts and not self.engine.has_unfinished_requests()

@@ -191,9 +191,10 @@ class BlockManager:
             self.cached[h] = block.block_id
             stored.append(i)
         if stored and self.events is not None:
-            self._record_stored(seq, hashes, stored)
+            self._record_stored(self.events, seq, hashes, stored)
 
-    def _record_stored(self, seq: Sequence, hashes: list[bytes], indices: list[int]) -> None:
+    def _record_stored(self, events: list[KVCacheEvent], seq: Sequence, hashes: list[bytes],
+                       indices: list[int]) -> None:
         """One BlockStored per run of consecutive newly cached blocks, chained to its parent."""
         bs = self.block_size
         runs: list[list[int]] = []
@@ -205,7 +206,7 @@ class BlockManager:
         for run in runs:
             first, last = run[0], run[-1]
             parent = external_hash(hashes[first - 1]) if first > 0 else None
-            self.events.append(BlockStored(  # type: ignore[union-attr]
+            events.append(BlockStored(
                 [external_hash(hashes[i]) for i in run], parent,
                 list(seq.token_ids[first * bs:(last + 1) * bs]), bs))
 

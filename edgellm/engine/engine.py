@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Iterator
 from collections.abc import Sequence as Seq
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -32,7 +32,7 @@ from edgellm.engine.scheduler import Scheduler
 from edgellm.engine.sequence import FinishReason, Sequence, Status
 from edgellm.loader import CheckpointError, load_model, model_config, resolve_checkpoint
 from edgellm.platform import Platform
-from edgellm.sampling import Sampler, SamplingParams
+from edgellm.sampling import GrammarMasks, Sampler, SamplingParams
 from edgellm.structured.grammar import GrammarService
 from edgellm.tokenizer import Tokenizer
 
@@ -137,10 +137,13 @@ class LLMEngine:
         # structured outputs: grammars compiled on their own thread, masks applied in the sampler
         self.grammars = (GrammarService(self.tokenizer.hf, mcfg.vocab_size, self.eos_token_ids)
                          if self.tokenizer is not None else None)
+        # GrammarMasks takes any Matcher; the service takes its own, which every sequence's matcher
+        # is (add_request makes them with self.grammars.matcher)
+        masks = cast("GrammarMasks | None", self.grammars)
         self.runner = ModelRunner(self.model, num_blocks, config.block_size, self.kv_dtype, self.device,
-                                  Sampler(self.grammars))
+                                  Sampler(masks))
         if self.kv_dtype == torch.float8_e4m3fn:
-            given = sum(layer.self_attn.attn.scales_known for layer in self.model.model.layers)
+            given = sum(attn.scales_known for attn in self.model.attention_layers())
             logger.info("fp8 KV cache: scales for %d/%d layers from the checkpoint; the rest are computed "
                         "from the first prefill", given, mcfg.num_layers)
         self.seqs: dict[str, Sequence] = {}
@@ -190,17 +193,23 @@ class LLMEngine:
                        priority=priority)
         if params.structured_outputs is not None:
             grammar = grammar if grammar is not None else self.grammar_future(params).result()
-            seq.grammar = self.grammars.matcher(grammar)  # type: ignore[union-attr]
+            seq.grammar = self._grammar_service().matcher(grammar)
         self.seqs[request_id] = seq
         self.text[request_id] = TextState(seq, self.tokenizer)
         self.prompts[request_id] = text
         self.scheduler.add(seq)
 
     def grammar_future(self, params: SamplingParams) -> Any:
-        """A concurrent Future of the compiled grammar of params.structured_outputs."""
+        """A concurrent Future of the compiled grammar of params.structured_outputs (not None)."""
+        spec = params.structured_outputs
+        if spec is None:
+            raise ValueError("these sampling params ask for no structured output")
+        return self._grammar_service().compile_future(spec)
+
+    def _grammar_service(self) -> GrammarService:
         if self.grammars is None:
             raise ValueError("structured outputs need a tokenizer; this model has none")
-        return self.grammars.compile_future(params.structured_outputs)  # type: ignore[arg-type]
+        return self.grammars
 
     def validate_priority(self, priority: int) -> None:
         if isinstance(priority, bool) or not isinstance(priority, int):

@@ -27,9 +27,12 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgellm.engine.kv_events import KVCacheEvent, encode_batch
+
+if TYPE_CHECKING:
+    import zmq  # imported when a zmq publisher is made (the kv-events extra)
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +183,7 @@ class ZmqEventPublisher:
             while True:
                 if self._replay is not None:
                     while self._replay.poll(0):
-                        self._serve_replay()
+                        self._serve_replay(self._replay)
                 try:
                     item = self._queue.get(timeout=0.02)
                 except queue.Empty:
@@ -200,8 +203,8 @@ class ZmqEventPublisher:
                 self._replay.close(linger=0)
             self._ctx.term()
 
-    def _serve_replay(self) -> None:
-        frames = self._replay.recv_multipart()  # type: ignore[union-attr]
+    def _serve_replay(self, replay: zmq.Socket[bytes]) -> None:
+        frames = replay.recv_multipart()
         if len(frames) != 3 or len(frames[2]) != 8:
             logger.warning("ignoring a malformed KV event replay request (%d frames)", len(frames))
             return
@@ -209,8 +212,8 @@ class ZmqEventPublisher:
         start_seq = int.from_bytes(start, "big")
         for seq, payload in list(self._buffer):
             if seq >= start_seq:
-                self._replay.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))  # type: ignore[union-attr]
-        self._replay.send_multipart((client, b"", END_SEQ, b""))  # type: ignore[union-attr]
+                replay.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
+        replay.send_multipart((client, b"", END_SEQ, b""))
 
 
 def make_publisher(config: KVEventsConfig | None) -> ZmqEventPublisher | None:

@@ -53,6 +53,7 @@ def create_app(models: list[ServedModel], settings: ServerSettings | None = None
 
     app = FastAPI(title="edgellm", version=_version(), docs_url=None, redoc_url=None,
                   openapi_url="/openapi.json", lifespan=lifespan)
+    # FastAPI's documented way to serve a custom schema, which its types do not allow for
     app.openapi = lambda: openapi_schema(app)  # type: ignore[method-assign]
     app.state.server = state
     app.state.models = models

@@ -246,10 +246,12 @@ class ChatCompletionRequest(_Sampling):
     def constraint(self) -> StructuredOutputs | None:
         own = super().constraint()
         tools = self.tool_plan()
-        forced = tools.constraint() if tools is not None else None
+        if tools is None:
+            return own
+        forced = tools.constraint()
         if forced is not None and own is not None:
-            raise bad_request(f"tool_choice {tools.mode!r} constrains the output itself; it cannot be combined "  # type: ignore[union-attr]
-                              f"with {own.source}", param=own.source)
+            raise bad_request(f"tool_choice {tools.mode!r} constrains the output itself; "
+                              f"it cannot be combined with {own.source}", param=own.source)
         return forced or own
 
     def conversation(self) -> list[dict[str, Any]]:
@@ -306,6 +308,8 @@ class CompletionRequest(_Sampling):
         p = self.prompt
         if isinstance(p, str):
             return [p]
-        if all(isinstance(x, int) for x in p):
-            return [list(p)]  # type: ignore[arg-type]
-        return list(p)  # type: ignore[arg-type]
+        # validated as one of the list forms, so a list holds only ids, only strings or only lists
+        ids = [x for x in p if isinstance(x, int)]
+        if len(ids) == len(p):
+            return [ids]
+        return [x for x in p if not isinstance(x, int)]

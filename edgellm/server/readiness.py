@@ -96,21 +96,21 @@ async def in_thread(fn: Callable[[], T], name: str = "edgellm-loader") -> T:
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
 
-    def settle(result: T | None, exc: BaseException | None) -> None:
-        if future.done():
-            return
-        if exc is not None:
+    def succeed(result: T) -> None:
+        if not future.done():
+            future.set_result(result)
+
+    def fail(exc: BaseException) -> None:
+        if not future.done():
             future.set_exception(exc)
-        else:
-            future.set_result(result)  # type: ignore[arg-type]
 
     def target() -> None:
         try:
             result = fn()
         except BaseException as exc:  # noqa: BLE001  (handed to the awaiting coroutine)
-            _call_soon(loop, settle, None, exc)
+            _call_soon(loop, fail, exc)
             return
-        _call_soon(loop, settle, result, None)
+        _call_soon(loop, succeed, result)
 
     threading.Thread(target=target, name=name, daemon=True).start()
     return await future

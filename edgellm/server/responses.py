@@ -128,12 +128,14 @@ async def complete(run: Run) -> tuple[dict[str, Any], dict[str, str]]:
         _observe_itl(run, choices[index], out)
         if out.finished:
             choices[index].final = out
-    finals = [choices[s.index].final for s in prep.subs]
-    assert all(f is not None for f in finals)
-    finals_: list[RequestOutput] = finals  # type: ignore[assignment]
+    finals: list[RequestOutput] = []
+    for s in prep.subs:
+        final = choices[s.index].final
+        assert final is not None  # events() ends only when every sub-request has finished
+        finals.append(final)
     want_lp = prep.subs[0].params.logprobs is not None
     body_choices = []
-    for sub, out in zip(prep.subs, finals_):
+    for sub, out in zip(prep.subs, finals):
         c = out.outputs[0]
         lp = None
         if want_lp and c.logprobs is not None:
@@ -148,10 +150,10 @@ async def complete(run: Run) -> tuple[dict[str, Any], dict[str, str]]:
         else:
             body_choices.append({"index": sub.index, "text": c.text, "logprobs": lp,
                                  "finish_reason": _finish_reason(out)})
-    t = timing(prep, finals_)
+    t = timing(prep, finals)
     body = {"id": prep.request_id, "object": "chat.completion" if prep.kind == "chat" else "text_completion",
             "created": prep.created, "model": prep.model, "choices": body_choices,
-            "usage": usage(prep, finals_), "system_fingerprint": None, "edgellm_timing": t}
+            "usage": usage(prep, finals), "system_fingerprint": None, "edgellm_timing": t}
     return body, timing_headers(t)
 
 

@@ -191,8 +191,8 @@ def prepare(served: ServedModel, req: ChatCompletionRequest | CompletionRequest,
     _check_priority(engine, req.priority)
     if isinstance(req, ChatCompletionRequest):
         kind, what, prefix = "chat", "messages", "chatcmpl-"
-        text, ids, tools = chat_prompt(served, req)
-        prompts: list[tuple[str | None, list[int]]] = [(text, ids)]
+        chat_text, chat_ids, tools = chat_prompt(served, req)
+        prompts: list[tuple[str | None, list[int]]] = [(chat_text, chat_ids)]
     else:
         kind, what, prefix = "completion", "prompt", "cmpl-"
         tools = None
