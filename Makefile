@@ -30,6 +30,7 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
+# mypy over the engine and the server ([tool.mypy] in pyproject.toml)
 serve: $(STAMP)
 	$(VENV)/bin/edgellm serve
 

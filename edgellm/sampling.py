@@ -161,14 +161,21 @@ class GrammarMasks(Protocol):
 
 
 class SamplingRow(Protocol):
-    """What the sampler reads of a sequence."""
+    """What the sampler reads of a sequence (read-only, so a sequence's own lists match)."""
 
-    params: SamplingParams
-    generator: torch.Generator | None
-    prompt_token_ids: Sequence[int]
-    output_token_ids: Sequence[int]
-    eos_token_ids: Sequence[int]
-    grammar: Matcher | None  # structured outputs: the sequence's grammar matcher
+    @property
+    def params(self) -> SamplingParams: ...
+    @property
+    def generator(self) -> torch.Generator | None: ...
+    @property
+    def prompt_token_ids(self) -> Sequence[int]: ...
+    @property
+    def output_token_ids(self) -> Sequence[int]: ...
+    @property
+    def eos_token_ids(self) -> Sequence[int]: ...
+    @property
+    def grammar(self) -> Matcher | None:
+        """Structured outputs: the sequence's grammar matcher."""
 
 
 class Matcher(Protocol):

@@ -60,7 +60,9 @@ def warm_matmuls(engine: LLMEngine) -> None:
     if not str(engine.config.device).startswith("cpu"):
         return
     t0 = time.perf_counter()
-    runs = warm_matmul_shapes(engine.runner.model, engine.config.max_num_batched_tokens, engine.config.max_num_seqs)
+    runs = warm_matmul_shapes(
+        engine.runner.model, engine.config.max_num_batched_tokens, engine.config.max_num_seqs
+    )
     if runs:
         logger.info("built %d matmul shapes in %.1f s", runs, time.perf_counter() - t0)
 
@@ -135,7 +137,9 @@ class AsyncEngine:
             return len(self._streams)
 
     # ------------------------------------------------------------------ API
-    def prepare(self, prompt: str | Seq[int], params: SamplingParams) -> tuple[str | None, list[int]]:
+    def prepare(
+        self, prompt: str | Seq[int], params: SamplingParams
+    ) -> tuple[str | None, list[int]]:
         """Tokenize and validate in the caller's thread; raises ValueError on bad input."""
         text, ids = self.engine.tokenize_prompt(prompt)
         self.engine.validate_prompt(ids, params)
@@ -158,7 +162,8 @@ class AsyncEngine:
         priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
         """Submit a request and stream its outputs; closing the stream aborts the request.
-        priority: lower runs sooner (the priority scheduling policy; ValueError if not 0 under fcfs)."""
+        priority: lower runs sooner (the priority scheduling policy; ValueError if not 0 under
+        fcfs)."""
         if self._dead is not None:
             raise EngineDeadError(f"the engine has stopped: {self._dead}")
         self.engine.validate_priority(priority)
@@ -203,7 +208,9 @@ class AsyncEngine:
 
     # --------------------------------------------------------- engine thread
     def _deliver(self, outputs: list[RequestOutput]) -> None:
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, RequestOutput | BaseException]]] = {}
+        by_loop: dict[
+            asyncio.AbstractEventLoop, list[tuple[_Stream, RequestOutput | BaseException]]
+        ] = {}
         with self._lock:
             for out in outputs:
                 stream = self._streams.get(out.request_id)
@@ -230,8 +237,13 @@ class AsyncEngine:
                     self._streams.pop(add.request_id, None)
                 continue
             try:
-                self.engine.add_request(add.request_id, add.prompt_ids, add.params, grammar=add.grammar,
-                                        priority=add.priority)
+                self.engine.add_request(
+                    add.request_id,
+                    add.prompt_ids,
+                    add.params,
+                    grammar=add.grammar,
+                    priority=add.priority,
+                )
                 self.engine.prompts[add.request_id] = add.prompt_text
             except Exception as exc:  # noqa: BLE001  (handed to the caller)
                 with self._lock:
@@ -242,11 +254,13 @@ class AsyncEngine:
                 self.engine.abort_request(rid)
             except Exception:  # free it as a failed request instead; never take the others down
                 logger.exception("aborting %s failed", rid)
-                self.engine.fail_requests([rid], "internal error in the engine (aborting the request)")
+                self.engine.fail_requests(
+                    [rid], "internal error in the engine (aborting the request)"
+                )
             with self._lock:
                 self._streams.pop(rid, None)
-        for stream, exc in failed:
-            _send(stream, exc)
+        for stream, error in failed:
+            _send(stream, error)
 
     def _idle(self) -> bool:
         return not self._adds and not self._aborts and not self.engine.has_unfinished_requests()
@@ -270,7 +284,9 @@ class AsyncEngine:
                 self._iterate()
                 worked = True
         except BaseException as exc:
-            logger.critical("the engine loop stopped: %s: %s", type(exc).__name__, exc, exc_info=True)
+            logger.critical(
+                "the engine loop stopped: %s: %s", type(exc).__name__, exc, exc_info=True
+            )
             self._dead = exc
         finally:
             self.engine.close()
@@ -291,11 +307,16 @@ class AsyncEngine:
         except Exception:
             logger.exception("engine inbox failed; failing every unfinished request")
             self.engine.step_request_ids = None
-            self._deliver(self.engine.fail_step("internal error in the engine (adding or aborting requests)"))
+            self._deliver(
+                self.engine.fail_step("internal error in the engine (adding or aborting requests)")
+            )
             with self._lock:  # requests lost between the inbox and the engine
                 pending = {a.request_id for a in self._adds}
-                lost = [(rid, st) for rid, st in self._streams.items()
-                        if rid not in self.engine.seqs and rid not in pending]
+                lost = [
+                    (rid, st)
+                    for rid, st in self._streams.items()
+                    if rid not in self.engine.seqs and rid not in pending
+                ]
                 for rid, _ in lost:
                     del self._streams[rid]
             for _, stream in lost:
@@ -308,9 +329,13 @@ class AsyncEngine:
             outputs = self.engine.step()
         except Exception as exc:  # fail this step's requests, keep serving the others
             failed = self.engine.step_request_ids
-            logger.exception("engine step failed (requests %s)", failed if failed is not None else "all")
+            logger.exception(
+                "engine step failed (requests %s)", failed if failed is not None else "all"
+            )
             # the client gets the exception's type only; the message and trace are in the log
-            outputs = self.engine.fail_step(f"internal error in the engine step ({type(exc).__name__})")
+            outputs = self.engine.fail_step(
+                f"internal error in the engine step ({type(exc).__name__})"
+            )
         self.last_step_time = time.perf_counter() - start
         if outputs:
             self._deliver(outputs)

@@ -48,8 +48,13 @@ class Block:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 record_events: bool = False) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        record_events: bool = False,
+    ) -> None:
         if num_blocks < 1:
             raise ValueError("the KV cache needs at least one block")
         self.block_size = block_size
@@ -97,7 +102,7 @@ class BlockManager:
         while len(hashes) < num_full:
             i = len(hashes)
             parent = hashes[-1] if hashes else None
-            hashes.append(block_hash(parent, seq.token_ids[i * bs:(i + 1) * bs], extra))
+            hashes.append(block_hash(parent, seq.token_ids[i * bs : (i + 1) * bs], extra))
         return hashes
 
     # -------------------------------------------------------------- mutation
@@ -173,7 +178,9 @@ class BlockManager:
         block.ref_count = 1
         return block_id
 
-    def cache_full_blocks(self, seq: Sequence, num_computed_tokens: int, extra: bytes = b"") -> None:
+    def cache_full_blocks(
+        self, seq: Sequence, num_computed_tokens: int, extra: bytes = b""
+    ) -> None:
         """Register the hashes of blocks whose tokens now all have KV in the cache."""
         if not self.enable_prefix_caching or seq.want_prompt_logits:
             return
@@ -191,9 +198,11 @@ class BlockManager:
             self.cached[h] = block.block_id
             stored.append(i)
         if stored and self.events is not None:
-            self._record_stored(seq, hashes, stored)
+            self._record_stored(self.events, seq, hashes, stored)
 
-    def _record_stored(self, seq: Sequence, hashes: list[bytes], indices: list[int]) -> None:
+    def _record_stored(
+        self, events: list[KVCacheEvent], seq: Sequence, hashes: list[bytes], indices: list[int]
+    ) -> None:
         """One BlockStored per run of consecutive newly cached blocks, chained to its parent."""
         bs = self.block_size
         runs: list[list[int]] = []
@@ -205,9 +214,14 @@ class BlockManager:
         for run in runs:
             first, last = run[0], run[-1]
             parent = external_hash(hashes[first - 1]) if first > 0 else None
-            self.events.append(BlockStored(  # type: ignore[union-attr]
-                [external_hash(hashes[i]) for i in run], parent,
-                list(seq.token_ids[first * bs:(last + 1) * bs]), bs))
+            events.append(
+                BlockStored(
+                    [external_hash(hashes[i]) for i in run],
+                    parent,
+                    list(seq.token_ids[first * bs : (last + 1) * bs]),
+                    bs,
+                )
+            )
 
     def free(self, seq: Sequence) -> None:
         for block_id in reversed(seq.block_table):
@@ -223,7 +237,8 @@ class BlockManager:
         return [b for b in seq.block_table if self.blocks[b].ref_count == 1]
 
     def uncache(self, seq: Sequence) -> None:
-        """Take the blocks only this sequence holds out of the prefix cache (their KV is suspect)."""
+        """Take the blocks only this sequence holds out of the prefix cache (their KV is
+        suspect)."""
         for block_id in seq.block_table:
             block = self.blocks[block_id]
             if block.ref_count == 1 and block.hash is not None:
@@ -244,7 +259,9 @@ class BlockManager:
         kept = {h: b for h, b in self.cached.items() if self.blocks[b].hash == h}
         if self.events is not None and len(kept) < len(self.cached):
             if kept:
-                self.events.append(BlockRemoved([external_hash(h) for h in self.cached if h not in kept]))
+                self.events.append(
+                    BlockRemoved([external_hash(h) for h in self.cached if h not in kept])
+                )
             else:
                 self.events.append(AllBlocksCleared())
         self.cached = kept

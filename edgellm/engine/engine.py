@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Iterator
 from collections.abc import Sequence as Seq
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -32,7 +32,7 @@ from edgellm.engine.scheduler import Scheduler
 from edgellm.engine.sequence import FinishReason, Sequence, Status
 from edgellm.loader import CheckpointError, load_model, model_config, resolve_checkpoint
 from edgellm.platform import Platform
-from edgellm.sampling import Sampler, SamplingParams
+from edgellm.sampling import GrammarMasks, Sampler, SamplingParams
 from edgellm.structured.grammar import GrammarService
 from edgellm.tokenizer import Tokenizer
 
@@ -84,24 +84,42 @@ class LLMEngine:
         with _names_the_file(self.checkpoint.path):
             mcfg: ModelConfig = model_config(self.checkpoint, config.architecture)
             self.model_config = mcfg
-            self.tokenizer = Tokenizer.load(self.checkpoint.path, self.checkpoint.kind, config.chat_template,
-                                            fallback_template=self.checkpoint.fallback_chat_template)
+            self.tokenizer = Tokenizer.load(
+                self.checkpoint.path,
+                self.checkpoint.kind,
+                config.chat_template,
+                fallback_template=self.checkpoint.fallback_chat_template,
+            )
         self.eos_token_ids = list(mcfg.eos_token_ids)
         if self.tokenizer is not None:
-            self.eos_token_ids += [t for t in self.tokenizer.eos_token_ids if t not in self.eos_token_ids]
+            self.eos_token_ids += [
+                t for t in self.tokenizer.eos_token_ids if t not in self.eos_token_ids
+            ]
 
-        self.kv_dtype = torch.float8_e4m3fn if config.kv_cache_dtype.startswith("fp8") else config.torch_dtype
+        self.kv_dtype = (
+            torch.float8_e4m3fn if config.kv_cache_dtype.startswith("fp8") else config.torch_dtype
+        )
         requested_len = config.max_model_len or mcfg.max_position_embeddings
         if config.max_model_len and config.max_model_len > mcfg.max_position_embeddings:
-            logger.warning("max_model_len %d exceeds the model's max_position_embeddings %d",
-                           config.max_model_len, mcfg.max_position_embeddings)
+            logger.warning(
+                "max_model_len %d exceeds the model's max_position_embeddings %d",
+                config.max_model_len,
+                mcfg.max_position_embeddings,
+            )
         with _names_the_file(self.checkpoint.path):
-            self.model = load_model(self.checkpoint, config.torch_dtype, self.device, max_position=requested_len,
-                                    architecture=config.architecture,
-                                    cpu_kernels=Platform.create(config.cpu_quant, config.cpu_isa))
+            self.model = load_model(
+                self.checkpoint,
+                config.torch_dtype,
+                self.device,
+                max_position=requested_len,
+                architecture=config.architecture,
+                cpu_kernels=Platform.create(config.cpu_quant, config.cpu_isa),
+            )
 
         per_block = kv_cache_bytes_per_block(self.model, config.block_size, self.kv_dtype)
-        budget = config.kv_cache_memory or int(_available_memory(self.device) * config.kv_cache_memory_fraction)
+        budget = config.kv_cache_memory or int(
+            _available_memory(self.device) * config.kv_cache_memory_fraction
+        )
         if config.kv_cache_memory is None and self.device.type == "cpu":
             budget = min(budget, _CPU_DEFAULT_KV_CAP)
         num_blocks = budget // per_block
@@ -115,34 +133,59 @@ class LLMEngine:
             if config.max_model_len:
                 raise ValueError(
                     f"max_model_len {config.max_model_len} needs {requested_len} KV tokens but the "
-                    f"cache budget ({budget} bytes) holds {capacity}; raise kv_cache_memory or lower "
+                    f"cache budget ({budget} bytes) holds {capacity}; raise kv_cache_memory or "
+                    "lower "
                     f"max_model_len"
                 )
-            logger.warning("max_model_len capped from %d to %d by the KV cache budget", requested_len, capacity)
+            logger.warning(
+                "max_model_len capped from %d to %d by the KV cache budget", requested_len, capacity
+            )
             requested_len = capacity
         self.max_model_len = requested_len
         logger.info(
             "KV cache: %d blocks x %d tokens = %d tokens (%.1f MiB, %s); max_model_len %d",
-            num_blocks, config.block_size, capacity, num_blocks * per_block / 2**20,
-            str(self.kv_dtype).replace("torch.", ""), self.max_model_len,
+            num_blocks,
+            config.block_size,
+            capacity,
+            num_blocks * per_block / 2**20,
+            str(self.kv_dtype).replace("torch.", ""),
+            self.max_model_len,
         )
         # KV-cache events: recorded by the block manager, published off this thread
         self.kv_publisher = make_publisher(config.kv_events)
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
-                                          record_events=self.kv_publisher is not None)
+        self.block_manager = BlockManager(
+            num_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+            record_events=self.kv_publisher is not None,
+        )
         self.scheduler = Scheduler(
-            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, self._cache_key,
+            self.block_manager,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            self._cache_key,
             policy=config.scheduling_policy,
         )
         # structured outputs: grammars compiled on their own thread, masks applied in the sampler
-        self.grammars = (GrammarService(self.tokenizer.hf, mcfg.vocab_size, self.eos_token_ids)
-                         if self.tokenizer is not None else None)
-        self.runner = ModelRunner(self.model, num_blocks, config.block_size, self.kv_dtype, self.device,
-                                  Sampler(self.grammars))
+        self.grammars = (
+            GrammarService(self.tokenizer.hf, mcfg.vocab_size, self.eos_token_ids)
+            if self.tokenizer is not None
+            else None
+        )
+        # GrammarMasks takes any Matcher; the service takes its own, which every sequence's matcher
+        # is (add_request makes them with self.grammars.matcher)
+        masks = cast("GrammarMasks | None", self.grammars)
+        self.runner = ModelRunner(
+            self.model, num_blocks, config.block_size, self.kv_dtype, self.device, Sampler(masks)
+        )
         if self.kv_dtype == torch.float8_e4m3fn:
-            given = sum(layer.self_attn.attn.scales_known for layer in self.model.model.layers)
-            logger.info("fp8 KV cache: scales for %d/%d layers from the checkpoint; the rest are computed "
-                        "from the first prefill", given, mcfg.num_layers)
+            given = sum(attn.scales_known for attn in self.model.attention_layers())
+            logger.info(
+                "fp8 KV cache: scales for %d/%d layers from the checkpoint; the rest are computed "
+                "from the first prefill",
+                given,
+                mcfg.num_layers,
+            )
         self.seqs: dict[str, Sequence] = {}
         self.text: dict[str, TextState] = {}
         self.prompts: dict[str, str | None] = {}
@@ -175,7 +218,8 @@ class LLMEngine:
         grammar: Any = None,
         priority: int = 0,
     ) -> None:
-        """grammar: the compiled grammar of params.structured_outputs (from grammar_future); compiled
+        """grammar: the compiled grammar of params.structured_outputs (from grammar_future);
+        compiled
         here, on the caller's thread, when not given. priority: lower runs sooner; anything but 0
         needs the priority scheduling policy (ValueError otherwise, as vLLM)."""
         params = params or SamplingParams()
@@ -186,35 +230,51 @@ class LLMEngine:
         self.validate_prompt(ids, params)
         if params.stop_strings and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this model has none")
-        seq = Sequence(request_id, ids, params, self.eos_token_ids, next(self._counter), want_prompt_logits,
-                       priority=priority)
+        seq = Sequence(
+            request_id,
+            ids,
+            params,
+            self.eos_token_ids,
+            next(self._counter),
+            want_prompt_logits,
+            priority=priority,
+        )
         if params.structured_outputs is not None:
             grammar = grammar if grammar is not None else self.grammar_future(params).result()
-            seq.grammar = self.grammars.matcher(grammar)  # type: ignore[union-attr]
+            seq.grammar = self._grammar_service().matcher(grammar)
         self.seqs[request_id] = seq
         self.text[request_id] = TextState(seq, self.tokenizer)
         self.prompts[request_id] = text
         self.scheduler.add(seq)
 
     def grammar_future(self, params: SamplingParams) -> Any:
-        """A concurrent Future of the compiled grammar of params.structured_outputs."""
+        """A concurrent Future of the compiled grammar of params.structured_outputs (not None)."""
+        spec = params.structured_outputs
+        if spec is None:
+            raise ValueError("these sampling params ask for no structured output")
+        return self._grammar_service().compile_future(spec)
+
+    def _grammar_service(self) -> GrammarService:
         if self.grammars is None:
             raise ValueError("structured outputs need a tokenizer; this model has none")
-        return self.grammars.compile_future(params.structured_outputs)  # type: ignore[arg-type]
+        return self.grammars
 
     def validate_priority(self, priority: int) -> None:
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise TypeError(f"priority must be an integer, got {priority!r}")
         if priority != 0 and self.config.scheduling_policy != "priority":
-            raise ValueError(f"Got priority {priority} but priority scheduling is not enabled "
-                             f"(start the engine with scheduling_policy='priority')")
+            raise ValueError(
+                f"Got priority {priority} but priority scheduling is not enabled "
+                f"(start the engine with scheduling_policy='priority')"
+            )
 
     def validate_prompt(self, ids: list[int], params: SamplingParams) -> None:
         if not ids:
             raise ValueError("the prompt is empty")
         if len(ids) >= self.max_model_len:
             raise ValueError(
-                f"the prompt has {len(ids)} tokens; this model accepts at most {self.max_model_len - 1} "
+                f"the prompt has {len(ids)} tokens; this model accepts at most "
+                f"{self.max_model_len - 1} "
                 f"(max_model_len {self.max_model_len}, one position is kept for the output)"
             )
         vocab = self.model_config.vocab_size
@@ -263,7 +323,8 @@ class LLMEngine:
             error = result.failed.get(seq.request_id)
             if error is not None:
                 logger.error("request %s failed: %s", seq.request_id, error)
-                # its KV may hold NaN: keep it out of the prefix cache and out of the next owner's way
+                # its KV may hold NaN: keep it out of the prefix cache and out of the next owner's
+                # way
                 self.block_manager.uncache(seq)
                 self.runner.zero_blocks(self.block_manager.exclusive_blocks(seq))
                 outputs.extend(self.fail_requests([seq.request_id], error))
@@ -295,7 +356,11 @@ class LLMEngine:
             self.kv_publisher.close()
 
     def _append_token(
-        self, seq: Sequence, token: int, logprob: tuple[float, list[tuple[int, float]]] | None, now: float
+        self,
+        seq: Sequence,
+        token: int,
+        logprob: tuple[float, list[tuple[int, float]]] | None,
+        now: float,
     ) -> RequestOutput:
         seq.append_token(token)
         if logprob is not None:
@@ -307,7 +372,9 @@ class LLMEngine:
         reason = check_finish(seq, token, self.max_model_len)
         if seq.grammar is not None:
             if not seq.grammar.accept(token):
-                seq.error = f"token {token} is not allowed by the request's structured-output grammar"
+                seq.error = (
+                    f"token {token} is not allowed by the request's structured-output grammar"
+                )
                 self.scheduler.finish(seq, FinishReason.ERROR)
                 return self._finalize(seq, [token])
             if seq.grammar.is_terminated and reason is None:
@@ -317,7 +384,11 @@ class LLMEngine:
             reason = FinishReason.STOP
         if reason is None:
             threshold = self.model.model.rotary.long_threshold
-            if threshold is not None and seq.num_tokens == threshold + 1 and seq.num_computed_tokens == threshold:
+            if (
+                threshold is not None
+                and seq.num_tokens == threshold + 1
+                and seq.num_computed_tokens == threshold
+            ):
                 # longrope: crossing the pretraining length switches every position to the long
                 # factors, so the cached K (rotated with the short ones) is recomputed, as
                 # transformers does for Phi-3.
@@ -340,10 +411,18 @@ class LLMEngine:
         )
         t = seq.timing
         metrics = RequestMetrics(
-            t.arrival, t.first_scheduled, t.first_token, t.finished, seq.num_prompt_tokens,
-            seq.num_cached_tokens, len(seq.output_token_ids), seq.num_preemptions,
+            t.arrival,
+            t.first_scheduled,
+            t.first_token,
+            t.finished,
+            seq.num_prompt_tokens,
+            seq.num_cached_tokens,
+            len(seq.output_token_ids),
+            seq.num_preemptions,
         )
-        logits = torch.cat(seq.prompt_logits) if seq.is_finished and seq.want_prompt_logits else None
+        logits = (
+            torch.cat(seq.prompt_logits) if seq.is_finished and seq.want_prompt_logits else None
+        )
         return RequestOutput(
             request_id=seq.request_id,
             prompt=self.prompts.get(seq.request_id),
@@ -384,7 +463,9 @@ class LLMEngine:
         unfinished request fails (the engine's state is then rebuilt from nothing)."""
         ids = self.step_request_ids
         if ids is None:
-            ids = [s.request_id for s in list(self.scheduler.running) + list(self.scheduler.waiting)]
+            ids = [
+                s.request_id for s in list(self.scheduler.running) + list(self.scheduler.waiting)
+            ]
         self.step_request_ids = []
         return self.fail_requests(ids, message)
 

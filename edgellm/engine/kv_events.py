@@ -61,8 +61,16 @@ KVCacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 def _wire(event: KVCacheEvent) -> list[object]:
     if isinstance(event, BlockStored):
-        return ["BlockStored", event.block_hashes, event.parent_block_hash, event.token_ids,
-                event.block_size, None, event.medium, event.lora_name]
+        return [
+            "BlockStored",
+            event.block_hashes,
+            event.parent_block_hash,
+            event.token_ids,
+            event.block_size,
+            None,
+            event.medium,
+            event.lora_name,
+        ]
     if isinstance(event, BlockRemoved):
         return ["BlockRemoved", event.block_hashes, event.medium]
     return ["AllBlocksCleared"]
@@ -72,4 +80,6 @@ def encode_batch(ts: float, events: list[KVCacheEvent], data_parallel_rank: int 
     """One EventBatch as msgpack bytes (the third frame of a published message)."""
     import msgpack
 
-    return msgpack.packb([float(ts), [_wire(e) for e in events], data_parallel_rank], use_bin_type=True)
+    return msgpack.packb(
+        [float(ts), [_wire(e) for e in events], data_parallel_rank], use_bin_type=True
+    )

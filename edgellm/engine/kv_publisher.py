@@ -27,9 +27,12 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgellm.engine.kv_events import KVCacheEvent, encode_batch
+
+if TYPE_CHECKING:
+    import zmq  # imported when a zmq publisher is made (the kv-events extra)
 
 logger = logging.getLogger(__name__)
 
@@ -59,15 +62,21 @@ class KVEventsConfig:
             else:
                 ok = isinstance(value, str)
             if not ok:
-                raise ValueError(f"--kv-events-config: {f.name!r} has an invalid value {value!r} "
-                                 f"(expected {_expected(f.name)})")
+                raise ValueError(
+                    f"--kv-events-config: {f.name!r} has an invalid value {value!r} "
+                    f"(expected {_expected(f.name)})"
+                )
         if self.publisher not in ("zmq", "null"):
-            raise ValueError(f"--kv-events-config: 'publisher' must be \"zmq\" or \"null\", got {self.publisher!r}")
+            raise ValueError(
+                f'--kv-events-config: \'publisher\' must be "zmq" or "null", got {self.publisher!r}'
+            )
         for name in ("endpoint", "replay_endpoint"):
             value = getattr(self, name)
             if value is not None and not value.startswith(("tcp://", "ipc://", "inproc://")):
-                raise ValueError(f"--kv-events-config: {name!r} must be a tcp://, ipc:// or inproc:// "
-                                 f"address, got {value!r}")
+                raise ValueError(
+                    f"--kv-events-config: {name!r} must be a tcp://, ipc:// or inproc:// "
+                    f"address, got {value!r}"
+                )
 
     @property
     def active(self) -> bool:
@@ -80,11 +89,15 @@ class KVEventsConfig:
         except json.JSONDecodeError as exc:
             raise ValueError(f"--kv-events-config is not valid JSON: {exc}") from None
         if not isinstance(raw, dict):
-            raise ValueError("--kv-events-config must be a JSON object")  # noqa: TRY004  (bad input, as the rest)
+            # noqa: TRY004  (bad input, as the rest)
+            raise ValueError("--kv-events-config must be a JSON object")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(raw) - known)
         if unknown:
-            raise ValueError(f"--kv-events-config: unknown key {unknown[0]!r}; known keys: {', '.join(sorted(known))}")
+            raise ValueError(
+                f"--kv-events-config: unknown key {unknown[0]!r}; known keys: "
+                f"{', '.join(sorted(known))}"
+            )
         return cls(**raw)
 
 
@@ -101,7 +114,7 @@ def _expected(name: str) -> str:
 def _binds(endpoint: str) -> bool:
     if endpoint.startswith(("ipc://", "inproc://")):
         return True
-    host = endpoint[len("tcp://"):].rsplit(":", 1)[0]
+    host = endpoint[len("tcp://") :].rsplit(":", 1)[0]
     if host == "*" or host.startswith("["):
         return True
     try:
@@ -132,8 +145,10 @@ class ZmqEventPublisher:
             import msgpack  # noqa: F401  (encode_batch needs it on the publisher thread)
             import zmq
         except ImportError as exc:
-            raise ValueError(f"--kv-events-config publisher \"zmq\" needs {exc.name}: "
-                             f"pip install 'edgellm[kv-events]'") from None
+            raise ValueError(
+                f'--kv-events-config publisher "zmq" needs {exc.name}: '
+                f"pip install 'edgellm[kv-events]'"
+            ) from None
         self.config = config
         self._ctx = zmq.Context()
         self._pub = self._ctx.socket(zmq.PUB)
@@ -150,8 +165,12 @@ class ZmqEventPublisher:
                 self._pub.close(linger=0)
                 raise
         self._topic = config.topic.encode()
-        self._queue: queue.Queue[tuple[float, list[KVCacheEvent]] | None] = queue.Queue(config.max_queue_size)
-        self._buffer: collections.deque[tuple[int, bytes]] = collections.deque(maxlen=config.buffer_steps)
+        self._queue: queue.Queue[tuple[float, list[KVCacheEvent]] | None] = queue.Queue(
+            config.max_queue_size
+        )
+        self._buffer: collections.deque[tuple[int, bytes]] = collections.deque(
+            maxlen=config.buffer_steps
+        )
         self.num_published = 0
         self.num_dropped = 0  # batches dropped because the queue was full
         self._thread = threading.Thread(target=self._run, name="edgellm-kv-events", daemon=True)
@@ -164,7 +183,9 @@ class ZmqEventPublisher:
         except queue.Full:
             self.num_dropped += 1
             if self.num_dropped == 1:
-                logger.warning("KV event queue full (%d batches): dropping events", self.config.max_queue_size)
+                logger.warning(
+                    "KV event queue full (%d batches): dropping events", self.config.max_queue_size
+                )
 
     def close(self, timeout: float = 2.0) -> None:
         """Send what is queued, then stop the thread and close the sockets."""
@@ -180,7 +201,7 @@ class ZmqEventPublisher:
             while True:
                 if self._replay is not None:
                     while self._replay.poll(0):
-                        self._serve_replay()
+                        self._serve_replay(self._replay)
                 try:
                     item = self._queue.get(timeout=0.02)
                 except queue.Empty:
@@ -200,8 +221,8 @@ class ZmqEventPublisher:
                 self._replay.close(linger=0)
             self._ctx.term()
 
-    def _serve_replay(self) -> None:
-        frames = self._replay.recv_multipart()  # type: ignore[union-attr]
+    def _serve_replay(self, replay: zmq.Socket[bytes]) -> None:
+        frames = replay.recv_multipart()
         if len(frames) != 3 or len(frames[2]) != 8:
             logger.warning("ignoring a malformed KV event replay request (%d frames)", len(frames))
             return
@@ -209,8 +230,8 @@ class ZmqEventPublisher:
         start_seq = int.from_bytes(start, "big")
         for seq, payload in list(self._buffer):
             if seq >= start_seq:
-                self._replay.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))  # type: ignore[union-attr]
-        self._replay.send_multipart((client, b"", END_SEQ, b""))  # type: ignore[union-attr]
+                replay.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
+        replay.send_multipart((client, b"", END_SEQ, b""))
 
 
 def make_publisher(config: KVEventsConfig | None) -> ZmqEventPublisher | None:

@@ -21,7 +21,8 @@ class CompletionOutput:
     stop_reason: int | str | None = None
     # per token: (chosen logprob, [(token id, logprob) x top-N])
     logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
-    # LLM.chat(tools=...): the parsed calls, OpenAI-shaped {"id", "type", "function": {"name", "arguments"}}
+    # LLM.chat(tools=...): the parsed calls, OpenAI-shaped {"id", "type", "function": {"name",
+    # "arguments"}}
     tool_calls: list[dict[str, Any]] | None = None
 
 
@@ -62,7 +63,8 @@ class TextState:
     def __init__(self, seq: Sequence, tokenizer: Tokenizer | None) -> None:
         self.detok: IncrementalDetokenizer | None = (
             tokenizer.detokenizer(seq.prompt_token_ids, seq.params.skip_special_tokens)
-            if tokenizer is not None else None
+            if tokenizer is not None
+            else None
         )
         self.stops = seq.params.stop_strings
         self.max_stop = max((len(s) for s in self.stops), default=0)
@@ -104,11 +106,11 @@ class TextState:
         if not finished and self.stops:
             # hold back the longest tail that is a prefix of some stop string
             for k in range(min(self.max_stop - 1, end), 0, -1):
-                tail = self.text[end - k:]
+                tail = self.text[end - k :]
                 if any(s.startswith(tail) for s in self.stops):
                     end -= k
                     break
-        delta = self.text[self.released:end]
+        delta = self.text[self.released : end]
         self.released = max(self.released, end)
         return delta
 

@@ -4,13 +4,15 @@ requests, project the needed rows to logits and sample."""
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 
 from edgellm.batch import AttentionMetadata, ForwardBatch
 from edgellm.engine.scheduler import SchedulerOutput
-from edgellm.models.decoder import CausalLM
+from edgellm.models.decoder import CausalLM, DecoderLayer
 from edgellm.sampling import Sampler, SampleResult
 
 logger = logging.getLogger(__name__)
@@ -65,11 +67,22 @@ class ModelRunner:
         # request's KV.
         self.null_block = num_blocks
         for layer in model.model.layers:
-            cache = torch.zeros(2, num_blocks + 1, block_size, cfg.num_kv_heads, cfg.head_dim,
-                                dtype=kv_dtype, device=self.device)
-            sa = layer.self_attn
-            k_scale, v_scale = float(sa.k_scale), float(sa.v_scale)
-            given = kv_dtype == torch.float8_e4m3fn and k_scale == k_scale and v_scale == v_scale
+            cache = torch.zeros(
+                2,
+                num_blocks + 1,
+                block_size,
+                cfg.num_kv_heads,
+                cfg.head_dim,
+                dtype=kv_dtype,
+                device=self.device,
+            )
+            sa = cast(DecoderLayer, layer).self_attn  # an nn.ModuleList's items are typed Module
+            k_scale, v_scale = float(sa.get_buffer("k_scale")), float(sa.get_buffer("v_scale"))
+            given = (
+                kv_dtype == torch.float8_e4m3fn
+                and not math.isnan(k_scale)
+                and not math.isnan(v_scale)
+            )  # NaN: the checkpoint gave none
             sa.attn.bind_cache(cache, k_scale if given else None, v_scale if given else None)
             self.kv_caches.append(cache)
         self.sampler = sampler or Sampler()
@@ -128,13 +141,16 @@ class ModelRunner:
             positions=torch.tensor(positions, dtype=torch.int64, device=dev),
             attn=meta,
             logits_indices=torch.tensor(logits_rows, dtype=torch.int64, device=dev),
-            seq_total_lens=torch.tensor(total_lens, dtype=torch.int64, device=dev) if total_lens else None,
+            seq_total_lens=torch.tensor(total_lens, dtype=torch.int64, device=dev)
+            if total_lens
+            else None,
         )
         return batch, rows_per_seq
 
     @torch.inference_mode()
     def zero_blocks(self, block_ids: list[int]) -> None:
-        """Clear these blocks' K and V (a failed request's NaN must not outlive it in a reused block)."""
+        """Clear these blocks' K and V (a failed request's NaN must not outlive it in a reused
+        block)."""
         if not block_ids:
             return
         idx = torch.tensor(block_ids, dtype=torch.int64, device=self.device)
@@ -150,15 +166,25 @@ class ModelRunner:
             return result
         argmax_only: list[bool] = []
         allowed: dict[int, torch.Tensor] = {}  # greedy grammar rows: the head masks them itself
-        masks_in_head = self.sampler.grammar is not None and self.model.supports_masked_argmax
+        # grammar masks the logits head applies itself (greedy rows), where it can
+        head_masks = self.sampler.grammar
+        if head_masks is not None and not self.model.supports_masked_argmax:
+            head_masks = None
         for item, count in zip(sched.scheduled, rows_per_seq):
             if count:
                 seq = item.seq
                 ok = not seq.want_prompt_logits and seq.params.argmax_only
-                if masks_in_head and seq.grammar is not None and item.samples and seq.params.argmax_under_grammar:
-                    allowed[len(argmax_only)] = self.sampler.grammar.allowed(seq.grammar)  # type: ignore[union-attr]
+                if (
+                    head_masks is not None
+                    and seq.grammar is not None
+                    and item.samples
+                    and seq.params.argmax_under_grammar
+                ):
+                    allowed[len(argmax_only)] = head_masks.allowed(seq.grammar)
                 argmax_only.extend([ok] * count)
-        logits = self.model.compute_logits(hidden[batch.logits_indices], argmax_only, allowed or None)
+        logits = self.model.compute_logits(
+            hidden[batch.logits_indices], argmax_only, allowed or None
+        )
         sample_rows: list[int] = []
         sample_seqs = []
         row = 0
@@ -167,7 +193,7 @@ class ModelRunner:
                 continue
             seq = item.seq
             if seq.want_prompt_logits:
-                result.prompt_logits[seq.request_id] = logits[row:row + count].cpu()
+                result.prompt_logits[seq.request_id] = logits[row : row + count].cpu()
             if item.samples:
                 sample_rows.append(row + count - 1)
                 sample_seqs.append(seq)

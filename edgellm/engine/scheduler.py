@@ -95,7 +95,8 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
-        """Take a sequence out for good (finished, aborted or failed); its blocks are free at once."""
+        """Take a sequence out for good (finished, aborted or failed); its blocks are free at
+        once."""
         if seq.status == Status.RUNNING:
             self.running.remove(seq)
         elif seq.status == Status.WAITING:
@@ -125,7 +126,9 @@ class Scheduler:
         """Preemption order under the priority policy: the largest is preempted first."""
         return (seq.priority, seq.arrival_index)
 
-    def _evict_for(self, seq: Sequence, out: SchedulerOutput, budget: int, reserve: int) -> int | None:
+    def _evict_for(
+        self, seq: Sequence, out: SchedulerOutput, budget: int, reserve: int
+    ) -> int | None:
         """Priority policy: preempt the worst running request of strictly worse priority than the
         waiting `seq`, taking it out of this step's plan; returns the tokens of budget it gave
         back. None when nothing may be preempted, or when preempting every such request would
@@ -170,8 +173,9 @@ class Scheduler:
                 continue  # preempted earlier in this loop
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             while not self.bm.ensure_slots(seq, seq.num_computed_tokens + n):
-                victims = [s for s in self.running
-                           if s is not seq and s.request_id not in scheduled_ids]
+                victims = [
+                    s for s in self.running if s is not seq and s.request_id not in scheduled_ids
+                ]
                 if self.policy == "priority":
                     victim = max([*victims, seq], key=self._rank)
                 else:
@@ -210,8 +214,11 @@ class Scheduler:
             if fits:
                 cached = self.bm.allocate_prefix(seq, key)
                 n = min(seq.num_tokens - cached, budget)
-                if (self.running and self.bm.blocks_needed(cached + n) - len(seq.block_table)
-                        > self.bm.num_free_blocks - reserve) or not self.bm.ensure_slots(seq, cached + n):
+                if (
+                    self.running
+                    and self.bm.blocks_needed(cached + n) - len(seq.block_table)
+                    > self.bm.num_free_blocks - reserve
+                ) or not self.bm.ensure_slots(seq, cached + n):
                     self.bm.free(seq)
                     fits = False
             if not fits:

@@ -90,5 +90,7 @@ class Sequence:
         self.token_ids.append(token_id)
 
     def __repr__(self) -> str:
-        return (f"Sequence({self.request_id}, {self.status.value}, tokens={self.num_tokens}, "
-                f"computed={self.num_computed_tokens}, blocks={len(self.block_table)})")
+        return (
+            f"Sequence({self.request_id}, {self.status.value}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, blocks={len(self.block_table)})"
+        )

@@ -15,8 +15,28 @@ from __future__ import annotations
 _TERMINAL = ".?!…。？！"
 _FULL_WIDTH = "。？！"
 _CLOSERS = "\"')]}»”’」』）"
-_ABBREVIATIONS = frozenset({"mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "etc", "e.g", "i.e",
-                            "no", "fig", "approx", "inc", "ltd", "co"})
+_ABBREVIATIONS = frozenset(
+    {
+        "mr",
+        "mrs",
+        "ms",
+        "dr",
+        "prof",
+        "sr",
+        "jr",
+        "st",
+        "vs",
+        "etc",
+        "e.g",
+        "i.e",
+        "no",
+        "fig",
+        "approx",
+        "inc",
+        "ltd",
+        "co",
+    }
+)
 
 
 def _is_hangul(ch: str) -> bool:

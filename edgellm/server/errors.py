@@ -29,8 +29,16 @@ _TYPES = {
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 type: str | None = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        type: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -40,7 +48,14 @@ class APIError(Exception):
         self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
@@ -57,8 +72,11 @@ def from_validation_error(exc: ValidationError) -> APIError:
         return bad_request("invalid request body")
     err = errors[0]
     # drop union-branch names ("str", "list[str]") pydantic adds to the location
-    loc = [str(p) for p in err.get("loc", ()) if not (isinstance(p, str) and ("[" in p or p in
-                                                                                  ("str", "int", "float", "bool")))]
+    loc = [
+        str(p)
+        for p in err.get("loc", ())
+        if not (isinstance(p, str) and ("[" in p or p in ("str", "int", "float", "bool")))
+    ]
     param = ".".join(loc) or None
     kind = err.get("type", "")
     if kind == "missing":
@@ -80,23 +98,31 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> Response:
-        return bad_request(f"invalid request: {exc.errors()[0].get('msg') if exc.errors() else exc}").response()
+        return bad_request(
+            f"invalid request: {exc.errors()[0].get('msg') if exc.errors() else exc}"
+        ).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 404:
-            return APIError(404, f"Not found: {request.method} {request.url.path}", code="not_found").response()
+            return APIError(
+                404, f"Not found: {request.method} {request.url.path}", code="not_found"
+            ).response()
         if exc.status_code == 405:
-            return APIError(405, f"Method {request.method} is not allowed on {request.url.path}",
-                            code="method_not_allowed").response()
+            return APIError(
+                405,
+                f"Method {request.method} is not allowed on {request.url.path}",
+                code="method_not_allowed",
+            ).response()
         return APIError(exc.status_code, str(exc.detail)).response()
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> Response:
         # log the trace, never send it
         logger.exception("unhandled error in %s %s", request.method, request.url.path)
-        return APIError(500, "The server had an error while processing your request.",
-                        code="internal_error").response()
+        return APIError(
+            500, "The server had an error while processing your request.", code="internal_error"
+        ).response()
 
 
 def sse_error(err: APIError) -> str:

@@ -40,11 +40,18 @@ class Guard:
         raw_headers = scope.get("headers") or []
         # h11 bounds what it buffers before a header block is complete; a complete block that is
         # still too big (it arrived in one read) is refused here, before anything else
-        size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") \
+        size = (
+            len(scope.get("raw_path") or b"")
+            + len(scope.get("query_string") or b"")
             + sum(len(k) + len(v) + 4 for k, v in raw_headers)
+        )
         if size > self.settings.max_header_bytes:
-            err = APIError(431, f"The request's headers are larger than this server's limit of "
-                                f"{self.settings.max_header_bytes} bytes.", code="request_header_fields_too_large")
+            err = APIError(
+                431,
+                f"The request's headers are larger than this server's limit of "
+                f"{self.settings.max_header_bytes} bytes.",
+                code="request_header_fields_too_large",
+            )
             await err.response()(scope, receive, send)
             return
         headers = dict(raw_headers)
@@ -53,8 +60,12 @@ class Guard:
             auth = headers.get(b"authorization", b"")
             token = auth[7:].strip() if auth[:7].lower() == b"bearer " else b""
             if not hmac.compare_digest(token, self.key):
-                err = APIError(401, "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>'.",
-                               code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+                err = APIError(
+                    401,
+                    "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>'.",
+                    code="invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
                 await err.response()(scope, receive, send)
                 return
         length = headers.get(b"content-length")
@@ -70,5 +81,8 @@ class Guard:
 
 
 def body_too_big(limit: int) -> APIError:
-    return APIError(413, f"The request body is larger than this server's limit of {limit} bytes.",
-                    code="request_too_large")
+    return APIError(
+        413,
+        f"The request body is larger than this server's limit of {limit} bytes.",
+        code="request_too_large",
+    )

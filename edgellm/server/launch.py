@@ -1,4 +1,5 @@
-"""`edgellm serve`: pick the model spec, run uvicorn, build the AsyncEngine and warm the prefix cache
+"""`edgellm serve`: pick the model spec, run uvicorn, build the AsyncEngine and warm the prefix
+cache
 in the background (the port answers, /health 503, while the model loads)."""
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ MAX_HEADER_BYTES = 16 * 1024  # request line + headers
 
 
 def select_spec(args: argparse.Namespace) -> ModelSpec:
-    """--model (a served name in the registry, or a path), else the registry's entry for the embedded
+    """--model (a served name in the registry, or a path), else the registry's entry for the
+    embedded
     default, else the embedded default under its usual name."""
     config = getattr(args, "config", None)
     registry: dict[str, ModelSpec] = {}
@@ -39,7 +41,10 @@ def select_spec(args: argparse.Namespace) -> ModelSpec:
     if args.model is not None:
         spec = registry.get(args.model) or spec_for_path(args.model)
     else:
-        spec = next((s for s in registry.values() if s.source == DEFAULT_SOURCE), None) or default_spec()
+        spec = (
+            next((s for s in registry.values() if s.source == DEFAULT_SOURCE), None)
+            or default_spec()
+        )
     spec.check_files()
     if spec.quantization != "auto":
         spec.check_quantization()
@@ -47,7 +52,8 @@ def select_spec(args: argparse.Namespace) -> ModelSpec:
 
 
 def tool_parser_name(spec: ModelSpec, args: argparse.Namespace) -> str | None:
-    """The configured tool-call format: --tool-call-parser, else the registry's tool_parser (checked:
+    """The configured tool-call format: --tool-call-parser, else the registry's tool_parser
+    (checked:
     an unknown name is a ValueError listing the known ones); None: chosen from the chat template."""
     name = getattr(args, "tool_call_parser", None) or spec.tool_parser
     return None if name is None else check_parser_name(name)
@@ -70,8 +76,11 @@ def build_engine(spec: ModelSpec, args: argparse.Namespace) -> Any:
 
     kv_dtype = args.kv_cache_dtype if args.kv_cache_dtype != "auto" else spec.kv_cache_dtype
     config = engine_config(
-        args, model=spec.model_arg, max_model_len=args.max_model_len or spec.max_model_len,
-        kv_cache_dtype=kv_dtype, chat_template=None,
+        args,
+        model=spec.model_arg,
+        max_model_len=args.max_model_len or spec.max_model_len,
+        kv_cache_dtype=kv_dtype,
+        chat_template=None,
         architecture=getattr(args, "architecture", None) or spec.architecture,
     )
     engine = AsyncEngine(config)
@@ -93,10 +102,15 @@ def warm_prompt_ids(tokenizer: Any, system_prompt: str) -> list[int]:
     """
     if tokenizer.hf.chat_template:
         try:
-            a = tokenizer.encode_chat([{"role": "system", "content": system_prompt},
-                                       {"role": "user", "content": "Hi"}])
-            b = tokenizer.encode_chat([{"role": "system", "content": system_prompt},
-                                       {"role": "user", "content": "What is 2 + 2?"}])
+            a = tokenizer.encode_chat(
+                [{"role": "system", "content": system_prompt}, {"role": "user", "content": "Hi"}]
+            )
+            b = tokenizer.encode_chat(
+                [
+                    {"role": "system", "content": system_prompt},
+                    {"role": "user", "content": "What is 2 + 2?"},
+                ]
+            )
             n = 0
             while n < min(len(a), len(b)) and a[n] == b[n]:
                 n += 1
@@ -121,8 +135,12 @@ async def warm_up(engine: Any, spec: ModelSpec) -> None:
         params = SamplingParams(max_tokens=1, temperature=0.0)
         async for out in engine.generate(f"warm-{i}", ids, params, prepared=(None, ids)):
             final = out
-        logger.info("warm prompt %d: %d tokens prefilled (%d cacheable)", i, len(ids),
-                    len(ids) // engine.engine.config.block_size * engine.engine.config.block_size)
+        logger.info(
+            "warm prompt %d: %d tokens prefilled (%d cacheable)",
+            i,
+            len(ids),
+            len(ids) // engine.engine.config.block_size * engine.engine.config.block_size,
+        )
         del final
 
 
@@ -140,15 +158,27 @@ def uvicorn_config(app: Any, args: argparse.Namespace) -> Any:
 
     # h11 (not httptools, even where installed) so that the header limit holds: a request line plus
     # headers over MAX_HEADER_BYTES is refused with a 400 and the connection closed.
-    return uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
-                          access_log=args.access_log, timeout_keep_alive=30, lifespan="on",
-                          timeout_graceful_shutdown=10, http="h11",
-                          h11_max_incomplete_event_size=getattr(args, "max_header_bytes", MAX_HEADER_BYTES))
+    return uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.uvicorn_log_level,
+        access_log=args.access_log,
+        timeout_keep_alive=30,
+        lifespan="on",
+        timeout_graceful_shutdown=10,
+        http="h11",
+        h11_max_incomplete_event_size=getattr(args, "max_header_bytes", MAX_HEADER_BYTES),
+    )
 
 
-def serving_app(args: argparse.Namespace, spec: ModelSpec, api_key: str | None,
-                build: Callable[[ModelSpec, argparse.Namespace], Any] = build_engine,
-                on_load_failure: Callable[[BaseException], None] | None = None) -> tuple[Any, Any]:
+def serving_app(
+    args: argparse.Namespace,
+    spec: ModelSpec,
+    api_key: str | None,
+    build: Callable[[ModelSpec, argparse.Namespace], Any] = build_engine,
+    on_load_failure: Callable[[BaseException], None] | None = None,
+) -> tuple[Any, Any]:
     """The app `edgellm serve` runs and its ServedModel, whose engine is not built yet.
 
     The app answers at once; its lifespan starts the load in the background: `build(spec, args)` on
@@ -161,20 +191,33 @@ def serving_app(args: argparse.Namespace, spec: ModelSpec, api_key: str | None,
     configured = tool_parser_name(spec, args)  # an unknown name stops here, before the load
     names = list(args.served_model_name or [spec.name])
     logger.info("serving %s (source %s) as %s", spec.name, spec.source, ", ".join(names))
-    served = ServedModel(names=names, engine=None, max_waiting_requests=args.max_waiting_requests,
-                         tool_parser=configured)
+    served = ServedModel(
+        names=names,
+        engine=None,
+        max_waiting_requests=args.max_waiting_requests,
+        tool_parser=configured,
+    )
 
     async def load() -> None:
         engine = await in_thread(lambda: build(spec, args))
         template = engine.tokenizer.hf.chat_template if engine.tokenizer is not None else None
-        chosen_by = "configured" if configured else "chat template" if detect_parser(template) else "default"
+        chosen_by = (
+            "configured"
+            if configured
+            else "chat template"
+            if detect_parser(template)
+            else "default"
+        )
         logger.info("tool calls parsed as %s (%s)", choose_parser(configured, template), chosen_by)
         served.engine = engine
         await warm_up(engine, spec)
 
-    settings = ServerSettings(api_key=api_key, metrics_public=args.metrics_public,
-                              max_body_bytes=args.max_request_body,
-                              max_header_bytes=getattr(args, "max_header_bytes", MAX_HEADER_BYTES))
+    settings = ServerSettings(
+        api_key=api_key,
+        metrics_public=args.metrics_public,
+        max_body_bytes=args.max_request_body,
+        max_header_bytes=getattr(args, "max_header_bytes", MAX_HEADER_BYTES),
+    )
     app = create_app([served], settings, readiness=Readiness(load, on_load_failure))
     return app, served
 
@@ -186,8 +229,10 @@ def serve(args: argparse.Namespace) -> int:
 
     api_key = args.api_key or env.api_key()
     if not _is_loopback(args.host) and not api_key:
-        logger.warning("binding %s without --api-key: anyone who can reach this port can use the model",
-                       args.host)
+        logger.warning(
+            "binding %s without --api-key: anyone who can reach this port can use the model",
+            args.host,
+        )
     spec = select_spec(args)
     failures: list[BaseException] = []
     server: Any = None

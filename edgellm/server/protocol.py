@@ -56,8 +56,11 @@ class ChatMessage(_Body):
         out = []
         for i, part in enumerate(self.content):
             if part.type != "text" or part.text is None:
-                raise bad_request(f"content part type {part.type!r} is not supported; only 'text' parts are",
-                                  param=f"messages.content.{i}.type", code="unsupported_content")
+                raise bad_request(
+                    f"content part type {part.type!r} is not supported; only 'text' parts are",
+                    param=f"messages.content.{i}.type",
+                    code="unsupported_content",
+                )
             out.append(part.text)
         return "".join(out)
 
@@ -99,7 +102,9 @@ class _Sampling(_Body):
 
     def check(self) -> None:
         if self.stream_options is not None and not self.stream:
-            raise bad_request("stream_options is only allowed when stream is true", param="stream_options")
+            raise bad_request(
+                "stream_options is only allowed when stream is true", param="stream_options"
+            )
         if not 1 <= self.n <= MAX_N:
             raise bad_request(f"n must be between 1 and {MAX_N}, got {self.n}", param="n")
         stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
@@ -117,28 +122,48 @@ class _Sampling(_Body):
             elif kind == "json_schema":
                 body = fmt.get("json_schema")
                 if not isinstance(body, dict) or "schema" not in body:
-                    raise bad_request("response_format.json_schema.schema is required (the JSON schema "
-                                      "the output must follow)", param="response_format.json_schema")
-                found.append(StructuredOutputs(json=body["schema"], source="response_format.json_schema.schema"))
+                    raise bad_request(
+                        "response_format.json_schema.schema is required (the JSON schema "
+                        "the output must follow)",
+                        param="response_format.json_schema",
+                    )
+                found.append(
+                    StructuredOutputs(
+                        json=body["schema"], source="response_format.json_schema.schema"
+                    )
+                )
             elif kind != "text":
-                raise bad_request(f"response_format.type must be 'text', 'json_object' or 'json_schema', "
-                                  f"got {kind!r}", param="response_format.type")
+                raise bad_request(
+                    f"response_format.type must be 'text', 'json_object' or 'json_schema', "
+                    f"got {kind!r}",
+                    param="response_format.type",
+                )
         if self.structured_outputs is not None:
             known = {"json", "regex", "choice", "grammar", "json_object"}
             given = {k: v for k, v in self.structured_outputs.items() if v is not None}
             unknown = sorted(set(given) - known)
             if unknown:
-                raise bad_request(f"structured_outputs.{unknown[0]} is not supported (use one of "
-                                  f"{', '.join(sorted(known))})", param="structured_outputs")
+                raise bad_request(
+                    f"structured_outputs.{unknown[0]} is not supported (use one of "
+                    f"{', '.join(sorted(known))})",
+                    param="structured_outputs",
+                )
             found.append(StructuredOutputs(**given, source="structured_outputs"))
-        for name, field in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
-                            ("guided_grammar", "grammar")):
+        for name, field in (
+            ("guided_json", "json"),
+            ("guided_regex", "regex"),
+            ("guided_choice", "choice"),
+            ("guided_grammar", "grammar"),
+        ):
             value = getattr(self, name)
             if value is not None:
                 found.append(StructuredOutputs(**{field: value}, source=name))
         if len(found) > 1:
-            raise bad_request(f"at most one structured-output constraint per request; got "
-                              f"{', '.join(f.source for f in found)}", param=found[1].source)
+            raise bad_request(
+                f"at most one structured-output constraint per request; got "
+                f"{', '.join(f.source for f in found)}",
+                param=found[1].source,
+            )
         return found[0] if found else None
 
     def sampling_params(self, max_tokens: int) -> SamplingParams:
@@ -159,7 +184,9 @@ class _Sampling(_Body):
                 min_p=self.min_p or 0.0,
                 presence_penalty=self.presence_penalty or 0.0,
                 frequency_penalty=self.frequency_penalty or 0.0,
-                repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+                repetition_penalty=1.0
+                if self.repetition_penalty is None
+                else self.repetition_penalty,
                 seed=self.seed,
                 stop=self.stop,
                 stop_token_ids=self.stop_token_ids,
@@ -186,11 +213,25 @@ def _raise_param(msg: str) -> Any:
 
 
 # apply_chat_template's own arguments: template variables only may come from a request
-_RESERVED_TEMPLATE_KWARGS = frozenset({
-    "chat_template", "tokenize", "tools", "documents", "add_generation_prompt", "continue_final_message",
-    "return_dict", "return_tensors", "return_assistant_tokens_mask", "padding", "truncation",
-    "max_length", "tokenizer_kwargs", "conversation", "messages",
-})
+_RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "chat_template",
+        "tokenize",
+        "tools",
+        "documents",
+        "add_generation_prompt",
+        "continue_final_message",
+        "return_dict",
+        "return_tensors",
+        "return_assistant_tokens_mask",
+        "padding",
+        "truncation",
+        "max_length",
+        "tokenizer_kwargs",
+        "conversation",
+        "messages",
+    }
+)
 
 
 class ChatCompletionRequest(_Sampling):
@@ -205,7 +246,11 @@ class ChatCompletionRequest(_Sampling):
     chat_template_kwargs: dict[str, Any] | None = None
 
     def requested_max_tokens(self) -> int | None:
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        return (
+            self.max_completion_tokens
+            if self.max_completion_tokens is not None
+            else self.max_tokens
+        )
 
     def _num_logprobs(self) -> int | None:
         if not self.logprobs:
@@ -223,19 +268,28 @@ class ChatCompletionRequest(_Sampling):
                 raise bad_request("top_logprobs needs logprobs set to true", param="top_logprobs")
         for i, msg in enumerate(self.messages):
             if msg.role == "tool" and not msg.tool_call_id:
-                raise bad_request("a message with role 'tool' needs the tool_call_id it answers",
-                                  param=f"messages.{i}.tool_call_id")
+                raise bad_request(
+                    "a message with role 'tool' needs the tool_call_id it answers",
+                    param=f"messages.{i}.tool_call_id",
+                )
             for j, call in enumerate(msg.tool_calls or []):
                 fn = call.get("function") if isinstance(call, dict) else None
-                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(
-                        fn.get("arguments", ""), (str, dict)):
-                    raise bad_request("a tool call needs function.name and function.arguments (a JSON string)",
-                                      param=f"messages.{i}.tool_calls.{j}.function")
+                if (
+                    not isinstance(fn, dict)
+                    or not isinstance(fn.get("name"), str)
+                    or not isinstance(fn.get("arguments", ""), (str, dict))
+                ):
+                    raise bad_request(
+                        "a tool call needs function.name and function.arguments (a JSON string)",
+                        param=f"messages.{i}.tool_calls.{j}.function",
+                    )
         self.tool_plan()
         reserved = sorted(set(self.chat_template_kwargs or {}) & _RESERVED_TEMPLATE_KWARGS)
         if reserved:
             # "chat_template" would let a client run its own Jinja (CPU for as long as it likes)
-            raise bad_request(f"chat_template_kwargs may not set {reserved[0]!r}", param="chat_template_kwargs")
+            raise bad_request(
+                f"chat_template_kwargs may not set {reserved[0]!r}", param="chat_template_kwargs"
+            )
 
     def tool_plan(self) -> ToolPlan | None:
         try:
@@ -246,17 +300,24 @@ class ChatCompletionRequest(_Sampling):
     def constraint(self) -> StructuredOutputs | None:
         own = super().constraint()
         tools = self.tool_plan()
-        forced = tools.constraint() if tools is not None else None
+        if tools is None:
+            return own
+        forced = tools.constraint()
         if forced is not None and own is not None:
-            raise bad_request(f"tool_choice {tools.mode!r} constrains the output itself; it cannot be combined "  # type: ignore[union-attr]
-                              f"with {own.source}", param=own.source)
+            raise bad_request(
+                f"tool_choice {tools.mode!r} constrains the output itself; "
+                f"it cannot be combined with {own.source}",
+                param=own.source,
+            )
         return forced or own
 
     def conversation(self) -> list[dict[str, Any]]:
         out = []
         for msg in self.messages:
-            item: dict[str, Any] = {"role": "system" if msg.role == "developer" else msg.role,
-                                    "content": msg.text() or ""}
+            item: dict[str, Any] = {
+                "role": "system" if msg.role == "developer" else msg.role,
+                "content": msg.text() or "",
+            }
             if msg.name is not None:
                 item["name"] = msg.name
             if msg.tool_call_id is not None:
@@ -276,7 +337,11 @@ def _template_call(call: dict[str, Any]) -> dict[str, Any]:
             args = json.loads(args) if args.strip() else {}
         except json.JSONDecodeError:
             pass  # the template gets the text as it was sent
-    return {"id": call.get("id"), "type": "function", "function": {"name": fn["name"], "arguments": args}}
+    return {
+        "id": call.get("id"),
+        "type": "function",
+        "function": {"name": fn["name"], "arguments": args},
+    }
 
 
 class CompletionRequest(_Sampling):
@@ -294,9 +359,13 @@ class CompletionRequest(_Sampling):
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise bad_request("logprobs must be between 0 and 20", param="logprobs")
         if self.echo:
-            raise bad_request("echo is not supported by this server", param="echo", code="unsupported")
+            raise bad_request(
+                "echo is not supported by this server", param="echo", code="unsupported"
+            )
         if self.suffix:
-            raise bad_request("suffix is not supported by this server", param="suffix", code="unsupported")
+            raise bad_request(
+                "suffix is not supported by this server", param="suffix", code="unsupported"
+            )
         if self.best_of is not None and self.best_of != self.n:
             raise bad_request("best_of is not supported (it must equal n)", param="best_of")
         if isinstance(self.prompt, list) and not self.prompt:
@@ -306,6 +375,8 @@ class CompletionRequest(_Sampling):
         p = self.prompt
         if isinstance(p, str):
             return [p]
-        if all(isinstance(x, int) for x in p):
-            return [list(p)]  # type: ignore[arg-type]
-        return list(p)  # type: ignore[arg-type]
+        # validated as one of the list forms, so a list holds only ids, only strings or only lists
+        ids = [x for x in p if isinstance(x, int)]
+        if len(ids) == len(p):
+            return [ids]
+        return [x for x in p if not isinstance(x, int)]

@@ -30,8 +30,11 @@ class Readiness:
 
     Without a load function the app is ready from the start (its engines were built before it)."""
 
-    def __init__(self, load: Callable[[], Awaitable[None]] | None = None,
-                 on_failure: Callable[[BaseException], None] | None = None) -> None:
+    def __init__(
+        self,
+        load: Callable[[], Awaitable[None]] | None = None,
+        on_failure: Callable[[BaseException], None] | None = None,
+    ) -> None:
         self.load = load
         self.on_failure = on_failure
         self.state = LOADING if load is not None else READY
@@ -75,17 +78,27 @@ class Readiness:
         if self.state == LOADING:
             return 503, {"status": "loading"}
         if self.state == FAILED:
-            return 503, {"status": "error", "error": f"loading the model failed: {type(self.error).__name__}"}
+            return 503, {
+                "status": "error",
+                "error": f"loading the model failed: {type(self.error).__name__}",
+            }
         return None
 
     def require(self) -> None:
         """Raise the 503 a model route answers while the model is not loaded."""
         if self.state == LOADING:
-            raise APIError(503, "The model is still loading; retry shortly.", code="model_loading",
-                           headers={"Retry-After": "5"})
+            raise APIError(
+                503,
+                "The model is still loading; retry shortly.",
+                code="model_loading",
+                headers={"Retry-After": "5"},
+            )
         if self.state == FAILED:
-            raise APIError(503, "The model failed to load; the server is shutting down.",
-                           code="model_load_failed")
+            raise APIError(
+                503,
+                "The model failed to load; the server is shutting down.",
+                code="model_load_failed",
+            )
 
 
 async def in_thread(fn: Callable[[], T], name: str = "edgellm-loader") -> T:
@@ -96,21 +109,21 @@ async def in_thread(fn: Callable[[], T], name: str = "edgellm-loader") -> T:
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
 
-    def settle(result: T | None, exc: BaseException | None) -> None:
-        if future.done():
-            return
-        if exc is not None:
+    def succeed(result: T) -> None:
+        if not future.done():
+            future.set_result(result)
+
+    def fail(exc: BaseException) -> None:
+        if not future.done():
             future.set_exception(exc)
-        else:
-            future.set_result(result)  # type: ignore[arg-type]
 
     def target() -> None:
         try:
             result = fn()
         except BaseException as exc:  # noqa: BLE001  (handed to the awaiting coroutine)
-            _call_soon(loop, settle, None, exc)
+            _call_soon(loop, fail, exc)
             return
-        _call_soon(loop, settle, result, None)
+        _call_soon(loop, succeed, result)
 
     threading.Thread(target=target, name=name, daemon=True).start()
     return await future

@@ -31,21 +31,36 @@ class _Choice:
         self.final: RequestOutput | None = None
 
 
-def _logprobs_chat(served: ServedModel, entries: list[tuple[float, list[tuple[int, float]]]],
-                   token_ids: list[int]) -> dict[str, Any]:
+def _logprobs_chat(
+    served: ServedModel, entries: list[tuple[float, list[tuple[int, float]]]], token_ids: list[int]
+) -> dict[str, Any]:
     content = []
     for (lp, top), tid in zip(entries, token_ids):
         s = served.token_text(tid)
-        content.append({
-            "token": s, "logprob": max(lp, _MIN_LOGPROB), "bytes": list(s.encode()),
-            "top_logprobs": [{"token": (t := served.token_text(i)), "logprob": max(v, _MIN_LOGPROB),
-                              "bytes": list(t.encode())} for i, v in top],
-        })
+        content.append(
+            {
+                "token": s,
+                "logprob": max(lp, _MIN_LOGPROB),
+                "bytes": list(s.encode()),
+                "top_logprobs": [
+                    {
+                        "token": (t := served.token_text(i)),
+                        "logprob": max(v, _MIN_LOGPROB),
+                        "bytes": list(t.encode()),
+                    }
+                    for i, v in top
+                ],
+            }
+        )
     return {"content": content}
 
 
-def _logprobs_completion(served: ServedModel, entries: list[tuple[float, list[tuple[int, float]]]],
-                         token_ids: list[int], choice: _Choice) -> dict[str, Any]:
+def _logprobs_completion(
+    served: ServedModel,
+    entries: list[tuple[float, list[tuple[int, float]]]],
+    token_ids: list[int],
+    choice: _Choice,
+) -> dict[str, Any]:
     tokens, token_lps, tops, offsets = [], [], [], []
     for (lp, top), tid in zip(entries, token_ids):
         s = served.token_text(tid)
@@ -54,7 +69,12 @@ def _logprobs_completion(served: ServedModel, entries: list[tuple[float, list[tu
         tops.append({served.token_text(i): max(v, _MIN_LOGPROB) for i, v in top})
         offsets.append(choice.text_offset)
         choice.text_offset += len(s)
-    return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
+    return {
+        "tokens": tokens,
+        "token_logprobs": token_lps,
+        "top_logprobs": tops,
+        "text_offset": offsets,
+    }
 
 
 def timing(prep: Prepared, finals: list[RequestOutput]) -> dict[str, Any]:
@@ -65,8 +85,13 @@ def timing(prep: Prepared, finals: list[RequestOutput]) -> dict[str, Any]:
     first = [m.first_token for m in ms if m.first_token is not None]
     done = [m.finished for m in ms if m.finished is not None]
     gen = sum(m.num_generated_tokens for m in ms)
-    out: dict[str, Any] = {"queue_ms": None, "prefill_ms": None, "ttft_ms": None, "e2e_ms": None,
-                           "decode_tokens_per_s": None}
+    out: dict[str, Any] = {
+        "queue_ms": None,
+        "prefill_ms": None,
+        "ttft_ms": None,
+        "e2e_ms": None,
+        "decode_tokens_per_s": None,
+    }
     if sched:
         out["queue_ms"] = round((min(sched) - t0) * 1000, 3)
     if sched and first:
@@ -87,15 +112,21 @@ def _cached_tokens(prep: Prepared, finals: list[RequestOutput]) -> int:
     by_prompt: dict[int, int] = {}
     for sub, f in zip(prep.subs, finals):
         if f.metrics is not None:
-            by_prompt[sub.prompt_index] = max(by_prompt.get(sub.prompt_index, 0), f.metrics.num_cached_tokens)
+            by_prompt[sub.prompt_index] = max(
+                by_prompt.get(sub.prompt_index, 0), f.metrics.num_cached_tokens
+            )
     return sum(by_prompt.values())
 
 
 def usage(prep: Prepared, finals: list[RequestOutput]) -> dict[str, Any]:
     prompt = sum(prep.prompt_lens)
     completion = sum(len(f.outputs[0].token_ids) for f in finals)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": _cached_tokens(prep, finals)}}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": _cached_tokens(prep, finals)},
+    }
 
 
 def _finish_reason(out: RequestOutput) -> str:
@@ -104,9 +135,13 @@ def _finish_reason(out: RequestOutput) -> str:
 
 
 def timing_headers(t: dict[str, Any]) -> dict[str, str]:
-    names = {"queue_ms": "x-edgellm-queue-ms", "prefill_ms": "x-edgellm-prefill-ms",
-             "ttft_ms": "x-edgellm-ttft-ms", "e2e_ms": "x-edgellm-e2e-ms",
-             "decode_tokens_per_s": "x-edgellm-decode-tokens-per-s"}
+    names = {
+        "queue_ms": "x-edgellm-queue-ms",
+        "prefill_ms": "x-edgellm-prefill-ms",
+        "ttft_ms": "x-edgellm-ttft-ms",
+        "e2e_ms": "x-edgellm-e2e-ms",
+        "decode_tokens_per_s": "x-edgellm-decode-tokens-per-s",
+    }
     return {h: str(t[k]) for k, h in names.items() if t.get(k) is not None and math.isfinite(t[k])}
 
 
@@ -128,30 +163,50 @@ async def complete(run: Run) -> tuple[dict[str, Any], dict[str, str]]:
         _observe_itl(run, choices[index], out)
         if out.finished:
             choices[index].final = out
-    finals = [choices[s.index].final for s in prep.subs]
-    assert all(f is not None for f in finals)
-    finals_: list[RequestOutput] = finals  # type: ignore[assignment]
+    finals: list[RequestOutput] = []
+    for s in prep.subs:
+        final = choices[s.index].final
+        assert final is not None  # events() ends only when every sub-request has finished
+        finals.append(final)
     want_lp = prep.subs[0].params.logprobs is not None
     body_choices = []
-    for sub, out in zip(prep.subs, finals_):
+    for sub, out in zip(prep.subs, finals):
         c = out.outputs[0]
         lp = None
         if want_lp and c.logprobs is not None:
-            lp = (_logprobs_chat(run.served, c.logprobs, c.token_ids) if prep.kind == "chat"
-                  else _logprobs_completion(run.served, c.logprobs, c.token_ids, choices[sub.index]))
+            lp = (
+                _logprobs_chat(run.served, c.logprobs, c.token_ids)
+                if prep.kind == "chat"
+                else _logprobs_completion(run.served, c.logprobs, c.token_ids, choices[sub.index])
+            )
         if prep.kind == "chat":
             msg: dict[str, Any] = {"role": "assistant", "content": c.text}
             finish = _finish_reason(out)
             if prep.tools is not None:
                 msg, finish = tool_output.message(prep.tools, c.text, finish)
-            body_choices.append({"index": sub.index, "message": msg, "logprobs": lp, "finish_reason": finish})
+            body_choices.append(
+                {"index": sub.index, "message": msg, "logprobs": lp, "finish_reason": finish}
+            )
         else:
-            body_choices.append({"index": sub.index, "text": c.text, "logprobs": lp,
-                                 "finish_reason": _finish_reason(out)})
-    t = timing(prep, finals_)
-    body = {"id": prep.request_id, "object": "chat.completion" if prep.kind == "chat" else "text_completion",
-            "created": prep.created, "model": prep.model, "choices": body_choices,
-            "usage": usage(prep, finals_), "system_fingerprint": None, "edgellm_timing": t}
+            body_choices.append(
+                {
+                    "index": sub.index,
+                    "text": c.text,
+                    "logprobs": lp,
+                    "finish_reason": _finish_reason(out),
+                }
+            )
+    t = timing(prep, finals)
+    body = {
+        "id": prep.request_id,
+        "object": "chat.completion" if prep.kind == "chat" else "text_completion",
+        "created": prep.created,
+        "model": prep.model,
+        "choices": body_choices,
+        "usage": usage(prep, finals),
+        "system_fingerprint": None,
+        "edgellm_timing": t,
+    }
     return body, timing_headers(t)
 
 
@@ -167,21 +222,35 @@ async def stream(run: Run) -> AsyncIterator[str]:
     want_lp = prep.subs[0].params.logprobs is not None
     include_usage = bool(opts and opts.include_usage)
     obj = "chat.completion.chunk" if chat else "text_completion"
-    head = f'{{"id":"{prep.request_id}","object":"{obj}","created":{prep.created},"model":{dumps(prep.model)},'
+    head = (
+        f'{{"id":"{prep.request_id}","object":"{obj}","created":{prep.created},'
+        f'"model":{dumps(prep.model)},'
+    )
     finals: dict[int, RequestOutput] = {}
 
-    calls = {s.index: tool_output.StreamedCalls(prep.tools) for s in prep.subs} if prep.tools else None
+    calls = (
+        {s.index: tool_output.StreamedCalls(prep.tools) for s in prep.subs} if prep.tools else None
+    )
 
-    def event(index: int, text: str | None, out: RequestOutput, finish: str | None,
-              extra: dict[str, Any] | None = None, delta_body: dict[str, Any] | None = None) -> str:
+    def event(
+        index: int,
+        text: str | None,
+        out: RequestOutput,
+        finish: str | None,
+        extra: dict[str, Any] | None = None,
+        delta_body: dict[str, Any] | None = None,
+    ) -> str:
         choice = choices[index]
         lp = None
         if want_lp:
-            entries = (out.outputs[0].logprobs or [])[choice.lp_sent:]
-            ids = out.outputs[0].token_ids[choice.lp_sent:]
+            entries = (out.outputs[0].logprobs or [])[choice.lp_sent :]
+            ids = out.outputs[0].token_ids[choice.lp_sent :]
             choice.lp_sent += len(entries)
-            lp = (_logprobs_chat(run.served, entries, ids) if chat
-                  else _logprobs_completion(run.served, entries, ids, choice))
+            lp = (
+                _logprobs_chat(run.served, entries, ids)
+                if chat
+                else _logprobs_completion(run.served, entries, ids, choice)
+            )
         if chat:
             delta: dict[str, Any] = {}
             if not choice.started:
@@ -190,7 +259,12 @@ async def stream(run: Run) -> AsyncIterator[str]:
                 delta["content"] = text
             if delta_body:
                 delta.update(delta_body)
-            body: dict[str, Any] = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
+            body: dict[str, Any] = {
+                "index": index,
+                "delta": delta,
+                "logprobs": lp,
+                "finish_reason": finish,
+            }
         else:
             body = {"index": index, "text": text or "", "logprobs": lp, "finish_reason": finish}
         choice.started = True
@@ -241,15 +315,19 @@ async def stream(run: Run) -> AsyncIterator[str]:
             yield event(index, final_text, out, _finish_reason(out), extra)
         if include_usage:
             ordered = [finals[s.index] for s in prep.subs]
-            yield (f'data: {head}"choices":[],"usage":{dumps(usage(prep, ordered))},'
-                   f'"edgellm_timing":{dumps(timing(prep, ordered))}}}\n\n')
+            yield (
+                f'data: {head}"choices":[],"usage":{dumps(usage(prep, ordered))},'
+                f'"edgellm_timing":{dumps(timing(prep, ordered))}}}\n\n'
+            )
     except APIError as err:
         yield f"data: {dumps(err.body())}\n\n"
     except ClientGone:
         return
     except Exception:  # a bug here must not leak a trace into the stream
         logger.exception("stream %s failed", prep.request_id)
-        internal = APIError(500, "The server had an error while processing your request.", code="internal_error")
+        internal = APIError(
+            500, "The server had an error while processing your request.", code="internal_error"
+        )
         yield f"data: {dumps(internal.body())}\n\n"
     finally:
         run.close()

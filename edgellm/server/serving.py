@@ -29,6 +29,7 @@ from edgellm.tools.spec import ToolPlan, template_takes_tools, with_generic_prom
 
 logger = logging.getLogger(__name__)
 
+
 def dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
@@ -60,7 +61,11 @@ class ServedModel:
         text = self._token_text.get(token_id)
         if text is None:
             tok = self.engine.tokenizer
-            text = tok.decode([token_id], skip_special_tokens=False) if tok is not None else f"<{token_id}>"
+            text = (
+                tok.decode([token_id], skip_special_tokens=False)
+                if tok is not None
+                else f"<{token_id}>"
+            )
             if len(self._token_text) < 200_000:
                 self._token_text[token_id] = text
         return text
@@ -79,15 +84,23 @@ class ServedModel:
         limit, which this server has none of); clients, the openai SDK included, retry both."""
         if self.metrics is not None:
             self.metrics.rejected.labels("503").inc()
-        return APIError(503, f"The server is overloaded ({self.inflight} requests in flight, "
-                             f"room for {self.capacity}); retry shortly.",
-                        code="server_overloaded", headers={"Retry-After": "1"})
+        return APIError(
+            503,
+            f"The server is overloaded ({self.inflight} requests in flight, "
+            f"room for {self.capacity}); retry shortly.",
+            code="server_overloaded",
+            headers={"Retry-After": "1"},
+        )
 
     def admit(self, num: int) -> None:
         """Bounded queue: refuse when the waiting line would pass its bound."""
         if num > self.capacity:  # could never run: retrying would not help
-            raise bad_request(f"this request needs {num} sequences (prompts x n) but the server runs at "
-                              f"most {self.capacity} at once", param="n", code="too_many_sequences")
+            raise bad_request(
+                f"this request needs {num} sequences (prompts x n) but the server runs at "
+                f"most {self.capacity} at once",
+                param="n",
+                code="too_many_sequences",
+            )
         if self.inflight + num > self.capacity:
             raise self.overloaded()
         self.add_inflight(num)
@@ -129,32 +142,44 @@ class Prepared:
 # ------------------------------------------------------------------ prepare
 def _context_error(prompt_len: int, max_tokens: int | None, limit: int, what: str) -> APIError:
     if max_tokens is None:
-        msg = (f"This model's maximum context length is {limit} tokens. However, your {what} resulted in "
-               f"{prompt_len} tokens (at most {limit - 1} leave room for one output token). "
-               f"Please reduce the length of the {what}.")
+        msg = (
+            f"This model's maximum context length is {limit} tokens. However, your {what} "
+            "resulted in "
+            f"{prompt_len} tokens (at most {limit - 1} leave room for one output token). "
+            f"Please reduce the length of the {what}."
+        )
     else:
-        msg = (f"This model's maximum context length is {limit} tokens. However, you requested "
-               f"{prompt_len + max_tokens} tokens ({prompt_len} in the {what}, {max_tokens} in the "
-               f"completion). Please reduce the length of the {what} or completion.")
-    return bad_request(msg, param="messages" if what == "messages" else "prompt",
-                       code="context_length_exceeded")
+        msg = (
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{prompt_len + max_tokens} tokens ({prompt_len} in the {what}, {max_tokens} in the "
+            f"completion). Please reduce the length of the {what} or completion."
+        )
+    return bad_request(
+        msg, param="messages" if what == "messages" else "prompt", code="context_length_exceeded"
+    )
 
 
 def _check_priority(engine: Any, priority: int) -> None:
     """vLLM's rule: a priority other than 0 needs the priority scheduling policy."""
     if priority != 0 and engine.scheduling_policy != "priority":
-        raise bad_request(f"Got priority {priority} but priority scheduling is not enabled on this "
-                          f"server (it runs --scheduling-policy {engine.scheduling_policy}).",
-                          param="priority")
+        raise bad_request(
+            f"Got priority {priority} but priority scheduling is not enabled on this "
+            f"server (it runs --scheduling-policy {engine.scheduling_policy}).",
+            param="priority",
+        )
 
 
-def chat_prompt(served: ServedModel, req: ChatCompletionRequest) -> tuple[str, list[int], ToolPlan | None]:
+def chat_prompt(
+    served: ServedModel, req: ChatCompletionRequest
+) -> tuple[str, list[int], ToolPlan | None]:
     """The chat rendered by the model's template (tools in the template, or in the generic prompt
     when the template takes none), its token ids, and the tool plan (None without tools)."""
     tok = served.engine.tokenizer
     if tok is None:
-        raise bad_request("this model has no tokenizer, so no chat template; use /v1/completions "
-                          "with token ids", param="messages")
+        raise bad_request(
+            "this model has no tokenizer, so no chat template; use /v1/completions with token ids",
+            param="messages",
+        )
     tools = req.tool_plan()
     if tools is not None and tools.mode == "none":
         tools = None
@@ -172,8 +197,9 @@ def chat_prompt(served: ServedModel, req: ChatCompletionRequest) -> tuple[str, l
     except APIError:
         raise
     except Exception as exc:  # noqa: BLE001  (jinja raises its own errors for bad roles/orders)
-        raise bad_request(f"the chat template could not render these messages: {exc}",
-                          param="messages") from None
+        raise bad_request(
+            f"the chat template could not render these messages: {exc}", param="messages"
+        ) from None
     return text, tok.encode(text, add_special_tokens=False), tools
 
 
@@ -181,23 +207,29 @@ def text_prompt_ids(served: ServedModel, prompt: str, add_special_tokens: bool =
     """A completion prompt's token ids (the tokenizer's special tokens added, as for generation)."""
     tok = served.engine.tokenizer
     if tok is None:
-        raise bad_request("this model has no tokenizer: give the prompt as token ids", param="prompt")
+        raise bad_request(
+            "this model has no tokenizer: give the prompt as token ids", param="prompt"
+        )
     return tok.encode(prompt, add_special_tokens=add_special_tokens)
 
 
-def prepare(served: ServedModel, req: ChatCompletionRequest | CompletionRequest, arrival: float) -> Prepared:
+def prepare(
+    served: ServedModel, req: ChatCompletionRequest | CompletionRequest, arrival: float
+) -> Prepared:
     req.check()
     engine = served.engine
     _check_priority(engine, req.priority)
     if isinstance(req, ChatCompletionRequest):
         kind, what, prefix = "chat", "messages", "chatcmpl-"
-        text, ids, tools = chat_prompt(served, req)
-        prompts: list[tuple[str | None, list[int]]] = [(text, ids)]
+        chat_text, chat_ids, tools = chat_prompt(served, req)
+        prompts: list[tuple[str | None, list[int]]] = [(chat_text, chat_ids)]
     else:
         kind, what, prefix = "completion", "prompt", "cmpl-"
         tools = None
-        prompts = [(p, text_prompt_ids(served, p)) if isinstance(p, str) else (None, list(p))
-                   for p in req.prompts()]
+        prompts = [
+            (p, text_prompt_ids(served, p)) if isinstance(p, str) else (None, list(p))
+            for p in req.prompts()
+        ]
 
     limit = engine.max_model_len
     requested = req.requested_max_tokens()
@@ -218,8 +250,17 @@ def prepare(served: ServedModel, req: ChatCompletionRequest | CompletionRequest,
         for j, sp in enumerate(expand_n(params)):
             index = p_idx * params.n + j
             subs.append(Sub(index, p_idx, f"{request_id}-{index}", text, ids, sp, req.priority))
-    return Prepared(kind, served, req, request_id, int(time.time()), arrival, subs,
-                    [len(ids) for _, ids in prompts], tools)
+    return Prepared(
+        kind,
+        served,
+        req,
+        request_id,
+        int(time.time()),
+        arrival,
+        subs,
+        [len(ids) for _, ids in prompts],
+        tools,
+    )
 
 
 # ---------------------------------------------------------------------- run
@@ -260,8 +301,9 @@ class Run:
         return False
 
     async def _pump(self, sub: Sub) -> None:
-        gen = self.served.engine.generate(sub.request_id, sub.ids, sub.params, prepared=(sub.text, sub.ids),
-                                          priority=sub.priority)
+        gen = self.served.engine.generate(
+            sub.request_id, sub.ids, sub.params, prepared=(sub.text, sub.ids), priority=sub.priority
+        )
         try:
             async with contextlib.aclosing(gen):
                 async for out in gen:
@@ -285,8 +327,11 @@ class Run:
                 self.unfinished.discard(index)
                 if item.outputs[0].finish_reason == "error":
                     logger.error("request %s failed in the engine: %s", item.request_id, item.error)
-                    raise APIError(500, f"The engine failed this request: {item.error or 'unknown error'}",
-                                   code="engine_error")
+                    raise APIError(
+                        500,
+                        f"The engine failed this request: {item.error or 'unknown error'}",
+                        code="engine_error",
+                    )
             yield index, item
         if self.closed:
             raise ClientGone()
@@ -294,8 +339,12 @@ class Run:
     def _observe(self, out: RequestOutput) -> None:
         m = self.served.metrics
         if m is not None:
-            m.observe_finished(self.served.name, self.prep.arrival, out.metrics,
-                               out.outputs[0].finish_reason or "abort")
+            m.observe_finished(
+                self.served.name,
+                self.prep.arrival,
+                out.metrics,
+                out.outputs[0].finish_reason or "abort",
+            )
 
     def close(self) -> None:
         """Abort whatever is still running (idempotent; safe before start)."""
@@ -321,6 +370,10 @@ def _engine_exception(exc: BaseException) -> APIError:
         return bad_request(str(exc))
     name = type(exc).__name__
     if name == "EngineDeadError":
-        return APIError(503, "The engine has stopped; the server is shutting down.", code="engine_dead")
+        return APIError(
+            503, "The engine has stopped; the server is shutting down.", code="engine_dead"
+        )
     logger.error("request failed: %s: %s", name, exc)
-    return APIError(500, "The server had an error while processing your request.", code="internal_error")
+    return APIError(
+        500, "The server had an error while processing your request.", code="internal_error"
+    )

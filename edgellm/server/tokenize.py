@@ -34,12 +34,20 @@ def parse_body(raw: bytes) -> dict[str, Any]:
         raise bad_request("give exactly one of 'prompt' (a string) or 'messages' (a chat)")
     if "prompt" in body and not isinstance(body["prompt"], str):
         raise bad_request("prompt must be a string", param="prompt")
-    for flag in ("add_special_tokens", "add_generation_prompt", "continue_final_message", "return_token_strs"):
+    for flag in (
+        "add_special_tokens",
+        "add_generation_prompt",
+        "continue_final_message",
+        "return_token_strs",
+    ):
         if flag in body and not isinstance(body[flag], bool):
             raise bad_request(f"{flag} must be a boolean", param=flag)
     if body.get("continue_final_message"):
-        raise bad_request("continue_final_message is not supported by this server",
-                          param="continue_final_message", code="unsupported")
+        raise bad_request(
+            "continue_final_message is not supported by this server",
+            param="continue_final_message",
+            code="unsupported",
+        )
     if body.get("model") is not None and not isinstance(body["model"], str):
         raise bad_request("model must be a string", param="model")
     return body
@@ -50,7 +58,12 @@ def tokenize(served: ServedModel, body: dict[str, Any]) -> dict[str, Any]:
     if "messages" in body:
         try:
             req = ChatCompletionRequest.model_validate(
-                {k: v for k, v in body.items() if k not in ("add_special_tokens", "return_token_strs")})
+                {
+                    k: v
+                    for k, v in body.items()
+                    if k not in ("add_special_tokens", "return_token_strs")
+                }
+            )
         except ValidationError as exc:
             raise from_validation_error(exc) from None
         req.check()
@@ -60,4 +73,9 @@ def tokenize(served: ServedModel, body: dict[str, Any]) -> dict[str, Any]:
     strs = None
     if body.get("return_token_strs"):
         strs = served.engine.tokenizer.hf.convert_ids_to_tokens(ids)
-    return {"count": len(ids), "max_model_len": served.engine.max_model_len, "tokens": ids, "token_strs": strs}
+    return {
+        "count": len(ids),
+        "max_model_len": served.engine.max_model_len,
+        "tokens": ids,
+        "token_strs": strs,
+    }

@@ -43,8 +43,18 @@ class StreamedCalls:
                 out.append({"content": e.text})
             elif isinstance(e, CallStart):
                 self.ids[e.index] = call_id()
-                out.append({"tool_calls": [{"index": e.index, "id": self.ids[e.index], "type": "function",
-                                            "function": {"name": e.name, "arguments": ""}}]})
+                out.append(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": e.index,
+                                "id": self.ids[e.index],
+                                "type": "function",
+                                "function": {"name": e.name, "arguments": ""},
+                            }
+                        ]
+                    }
+                )
             elif isinstance(e, Args) and e.text:
                 out.append({"tool_calls": [{"index": e.index, "function": {"arguments": e.text}}]})
         return out
