@@ -55,14 +55,7 @@ def random_requests(
     for _ in range(num):
         n_in, n_out = _lens(rng, input_len, range_ratio), _lens(rng, output_len, range_ratio)
         text = text_of_len(tokenizer, rng, n_in)
-        out.append(
-            BenchRequest(
-                [{"role": "user", "content": text}] if chat else None,
-                None if chat else text,
-                n_in,
-                n_out,
-            )
-        )
+        out.append(_user_request(text, chat, n_in, n_out))
     return out
 
 
@@ -114,12 +107,11 @@ def file_requests(
         else:
             text = line
         n_in = len(tokenizer.encode(text, add_special_tokens=False))
-        out.append(
-            BenchRequest(
-                [{"role": "user", "content": text}] if chat else None,
-                None if chat else text,
-                n_in,
-                n_out,
-            )
-        )
+        out.append(_user_request(text, chat, n_in, n_out))
     return out
+
+
+def _user_request(text: str, chat: bool, n_in: int, n_out: int) -> BenchRequest:
+    """One user turn, as chat messages or as a plain completion prompt."""
+    messages = [{"role": "user", "content": text}] if chat else None
+    return BenchRequest(messages, None if chat else text, n_in, n_out)

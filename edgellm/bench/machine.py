@@ -93,23 +93,16 @@ def gpu() -> dict[str, Any] | None:
 
 def commit() -> str | None:
     """The checkout's short commit, with +dirty when tracked files changed (None outside git)."""
+
+    def git(*args: str) -> str:
+        run = subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10, check=False
+        )
+        return run.stdout.strip()
+
     try:
-        rev = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        ).stdout.strip()
+        rev = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return None
     return (rev + ("+dirty" if dirty else "")) or None
