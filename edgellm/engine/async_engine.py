@@ -71,8 +71,7 @@ class AsyncEngine:
     def __init__(self, engine: LLMEngine | EngineConfig) -> None:
         """Given a config, the engine is built on the engine thread itself: torch's CPU kernels
         keep an OpenMP thread team per thread that used them, and stepping on a second thread
-        after loading on the first halves decode speed on a 2-core machine (measured with the
-        default model and --cpu-quant fast: 61 vs 29 tok/s)."""
+        after loading on the first would run two teams on the same cores."""
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._adds: list[_Add] = []
@@ -347,8 +346,8 @@ _malloc_trim: Any = None
 
 def release_memory() -> None:
     """Return freed heap to the OS (glibc keeps it: large temporaries of long prefills fragment the
-    heap and RSS creeps up, though nothing leaks). About 5 ms; only run when the engine is idle.
-    (No gc.collect here: with transformers loaded a full collection takes ~0.4 s.)"""
+    heap and RSS creeps up, though nothing leaks). Only run when the engine is idle. (No
+    gc.collect here: with transformers loaded a full collection is slow.)"""
     global _malloc_trim
     if _malloc_trim is None:
         _malloc_trim = False
