@@ -9,6 +9,11 @@ warm_prompts). Two arrival patterns:
     equal answer lengths keep the 8 streams in step, so 8 user turns arrive together;
   - Poisson arrivals at --rate requests/s (default 1.6: about 4 streams in flight).
 
+With --tools N, the closed loop also runs with N function tools on every request
+(`tool_choice: auto`, as a pipecat agent sends them; the tools are part of the cached prompt),
+side by side with the same turns without tools; a tool call's first fragment counts as the
+first token.
+
 For each: TTFT p50 / p95 / p99 and decode tok/s per stream. Also the breakdown of one
 "wave" (8 user turns admitted together over the cached system prompt) by phase, offline
 in this process, which is what bounds the closed-loop TTFT.
@@ -37,12 +42,35 @@ from edgellm.bench.servers import Server, free_port, served_model
 RESULTS = Path(__file__).parent / "results"
 
 
-def run_workload(url: str, tokenizer: Any, n: int, concurrency: int | None, rate: float, seed: int) -> dict:
+def voice_tools(n: int) -> list[dict]:
+    """n function tools of a voice agent (the first four: weather, table booking, order lookup,
+    call transfer; more are numbered variants), in OpenAI's request shape."""
+
+    def tool(name: str, description: str, **params: str) -> dict:
+        props = {p: {"type": "string", "description": d} for p, d in params.items()}
+        schema = {"type": "object", "properties": props, "required": list(params)}
+        return {"type": "function",
+                "function": {"name": name, "description": description, "parameters": schema}}
+
+    base = [
+        tool("get_weather", "Current weather for a city", city="the city name"),
+        tool("book_table", "Book a restaurant table", restaurant="name", time="HH:MM", party="people"),
+        tool("lookup_order", "Find an order by its number", order_id="the order number"),
+        tool("transfer_call", "Transfer the caller to a department", department="sales or support"),
+    ]
+    return [base[i % 4] if i < 4 else tool(f"{base[i % 4]['function']['name']}_{i}",
+                                            base[i % 4]["function"]["description"], value="a value")
+            for i in range(n)]
+
+
+def run_workload(url: str, tokenizer: Any, n: int, concurrency: int | None, rate: float, seed: int,
+                 tools: int = 0) -> dict:
     from edgellm.bench.client import Target, run_load, send_one
     from edgellm.bench.datasets import random_requests, voice_requests_warmed
     from edgellm.bench.report import summarize
 
-    target = Target(url, served_model(url), "chat", None, ignore_eos=True, timeout=600.0)
+    extra = {"tools": voice_tools(tools), "tool_choice": "auto"} if tools else {}
+    target = Target(url, served_model(url), "chat", None, ignore_eos=True, timeout=600.0, extra_body=extra)
     asyncio.run(run_load(target, random_requests(tokenizer, 2, 16, 4, 0.0, 12345, True), 1, duration=300))
     # one turn first, not measured: the system prompt is then cached (with prefix caching), as
     # for a deployed agent that lists it in the registry's warm_prompts
@@ -108,6 +136,8 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=1.6)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tools", type=int, default=0,
+                    help="also run the closed loop with this many function tools per request")
     ap.add_argument("--server-arg", action="append", default=[],
                     help="extra `edgellm serve` argument (repeatable), e.g. --server-arg=--max-num-batched-tokens=256")
     ap.add_argument("--closed-loop-only", action="store_true", help="skip the Poisson runs, the run without "
@@ -127,14 +157,17 @@ def main() -> int:
         server = Server("edgellm" + ("" if prefix else "-no-prefix-cache"), cmd, port, log_dir)
         try:
             server.start(600)
-            patterns = [("closed loop", args.concurrency, float("inf"))]
+            patterns = [("closed loop", args.concurrency, float("inf"), 0)]
+            if args.tools and prefix:
+                patterns.append(("closed loop", args.concurrency, float("inf"), args.tools))
             if not args.closed_loop_only:
-                patterns.append(("poisson", None, args.rate))
-            for label, conc, rate in patterns:
-                row = run_workload(server.url, tokenizer, args.requests, conc, rate, args.seed)
-                row.update({"prefix_caching": prefix, "arrivals": label,
+                patterns.append(("poisson", None, args.rate, 0))
+            for label, conc, rate, tools in patterns:
+                row = run_workload(server.url, tokenizer, args.requests, conc, rate, args.seed, tools)
+                row.update({"prefix_caching": prefix, "arrivals": label, "tools": tools,
                             "concurrency": conc, "request_rate": None if rate == float("inf") else rate})
                 runs.append(row)
+                label = f"{label} +{tools} tools" if tools else label
                 print(f"prefix cache {'on ' if prefix else 'off'} {label:>11}: TTFT p50 {row['ttft_p50_ms']:7.1f} "
                       f"p95 {row['ttft_p95_ms']:7.1f} p99 {row['ttft_p99_ms']:7.1f} ms  decode "
                       f"{row['decode_tok_s_per_stream']:6.1f} tok/s/stream  ({row['completed']} ok, "
@@ -143,6 +176,7 @@ def main() -> int:
             server.stop()
     if args.closed_loop_only:
         Path(args.out).write_text(json.dumps({"runs": runs, "server_args": args.server_arg,
+                                              "machine": machine_info(),
                                               "date": time.strftime("%Y-%m-%d %H:%M")}, indent=2))
         print(f"wrote {args.out}")
         return 0

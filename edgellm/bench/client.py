@@ -88,11 +88,17 @@ async def sse_events(resp: httpx.Response) -> AsyncIterator[dict[str, Any]]:
 
 
 def content_of(chunk: dict[str, Any]) -> str:
-    """The text a streamed chunk carries (chat delta content or completion text), or ""."""
+    """The text a streamed chunk carries, or "": chat delta content, a tool call's name and
+    argument fragments (a turn that calls a function has begun its output), completion text."""
     for choice in chunk.get("choices") or []:
         delta = choice.get("delta")
         if isinstance(delta, dict) and delta.get("content"):
             return str(delta["content"])
+        if isinstance(delta, dict) and delta.get("tool_calls"):
+            fns = [call.get("function") or {} for call in delta["tool_calls"]]
+            text = "".join((fn.get("name") or "") + (fn.get("arguments") or "") for fn in fns)
+            if text:
+                return text
         if choice.get("text"):
             return str(choice["text"])
     return ""

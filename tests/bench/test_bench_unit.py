@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from edgellm.bench.client import RequestResult, arrival_gaps
+from edgellm.bench.client import RequestResult, arrival_gaps, content_of
 from edgellm.bench.datasets import random_requests, voice_requests
 from edgellm.bench.report import parse_goodput, percentile, summarize
 
@@ -90,3 +90,17 @@ def test_persona_conversations_share_a_prompt_per_persona_and_grow_turn_by_turn(
     assert req.prompt_len == 50 + 2 * 6 + 10 and req.output_len == 10
     with pytest.raises(ValueError):
         persona_conversations(tok, 0, 3, 1, 5, 5, 5, 0)
+
+
+def test_a_tool_call_delta_is_output_like_content():
+    """A turn that calls a function has begun its output with the call's first fragment: the
+    benchmark's TTFT counts it, as it counts content (and a usage-only chunk carries none)."""
+    first = {"choices": [{"index": 0, "delta": {"tool_calls": [
+        {"index": 0, "id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": ""}}]}}]}
+    more = {"choices": [{"index": 0, "delta": {"tool_calls": [
+        {"index": 0, "function": {"arguments": '{"city": "서울"}'}}]}}]}
+    assert content_of(first) == "get_weather"
+    assert content_of(more) == '{"city": "서울"}'
+    assert content_of({"choices": [{"index": 0, "delta": {"content": "Hi"}}]}) == "Hi"
+    assert content_of({"choices": [], "usage": {"completion_tokens": 3}}) == ""
+    assert content_of({"choices": [{"index": 0, "delta": {"role": "assistant"}}]}) == ""

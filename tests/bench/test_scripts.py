@@ -125,8 +125,10 @@ def quick_compare_servers(tmp_path):
 
 
 def quick_voice_ttft(tmp_path):
-    r = run_json("voice_ttft", tmp_path, "--requests", "2", "--concurrency", "1", "--closed-loop-only")
-    assert r["runs"] and all(run["completed"] > 0 for run in r["runs"])
+    r = run_json("voice_ttft", tmp_path, "--requests", "2", "--concurrency", "1", "--closed-loop-only",
+                 "--tools", "4")
+    assert [run["tools"] for run in r["runs"]] == [0, 4]
+    assert all(run["completed"] > 0 and run["failed"] == 0 for run in r["runs"])
 
 
 def quick_router_scaleout(tmp_path):
