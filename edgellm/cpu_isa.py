@@ -3,7 +3,8 @@
 Levels, each a superset of the one before:
 - "none": no AVX2 (or not x86): the torch paths only.
 - "avx2": AVX2 + FMA + F16C (x86-64-v3: Haswell, every AMD Zen). Integer dot products with
-  vpmaddubsw / vpmaddwd; no bf16 units, so no bf16 matmuls.
+  vpmaddubsw / vpmaddwd, or AVX-VNNI's 256-bit vpdpbusd where the CPU has it (Intel client cores
+  since Alder Lake, Zen 5); no bf16 units, so no bf16 matmuls.
 - "avx512": AVX-512 F/BW/DQ/VL (x86-64-v4: Skylake-SP, Zen 4). VNNI (vpdpbusd) and the bf16
   dot (AVX512-BF16) are extras of this level where the CPU has them.
 - "amx": AVX-512 plus AMX tiles with int8 and bf16 (Sapphire Rapids and later).
@@ -58,8 +59,18 @@ class CpuIsa:
     features: CpuFeatures
 
     @property
-    def vnni(self) -> bool:  # vpdpbusd on 512-bit registers
-        return self.level in ("avx512", "amx") and self.features.has("avx512_vnni")
+    def vnni_bits(self) -> int:
+        """The width of vpdpbusd at this level: 512 (AVX-512 VNNI), 256 (AVX-VNNI), else 0."""
+        if self.level in ("avx512", "amx") and self.features.has("avx512_vnni"):
+            return 512
+        if self.level != "none" and self.features.has("avx_vnni"):
+            return 256
+        return 0
+
+    @property
+    def vnni(self) -> bool:
+        """vpdpbusd at some width: the quantized linears take the 16-row interleaved layout."""
+        return self.vnni_bits > 0
 
     @property
     def bf16_units(self) -> bool:
@@ -72,7 +83,7 @@ class CpuIsa:
         has within the level; tuned for the host."""
         if self.level == "none":
             return ["-O3"]
-        flags = ["-O3", "-mtune=native"]
+        flags = ["-O3", "-mtune=native"] + (["-mavxvnni"] if self.vnni_bits == 256 else [])
         if self.level == "avx2":
             return flags + ["-march=x86-64-v3"]
         flags.append("-march=x86-64-v4")
@@ -84,7 +95,8 @@ class CpuIsa:
         return flags
 
     def describe(self) -> str:
-        extras = [name for name, on in (("vnni", self.vnni), ("bf16 units", self.bf16_units)) if on]
+        vnni = {512: "vnni", 256: "avx-vnni"}.get(self.vnni_bits, "")
+        extras = [name for name, on in ((vnni, self.vnni), ("bf16 units", self.bf16_units)) if on]
         capped = (
             ""
             if self.level == self.features.host_level

@@ -182,7 +182,7 @@ class CausalLM(nn.Module):
     def use_int_dot_logits(self, native, n16: bool = False) -> None:
         """CPU mode auto: an integer-dot logits head for argmax-only rows
         (edgellm/quant/linear_kernels/cpu_int_head.IntDotLogitsHead; n16: in the interleaved layout
-        of AVX-512 VNNI CPUs, its AMX crossover measured)."""
+        of VNNI CPUs, its AMX crossover measured)."""
         from edgellm.quant.linear_kernels.cpu_int_head import IntDotLogitsHead
 
         weight = (

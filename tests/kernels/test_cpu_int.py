@@ -35,6 +35,16 @@ SHAPES = [(1, 96, 37, 32), (3, 192, 21, 64), (5, 128, 9, 128), (2, 64, 5, 64), (
           (4, 288, 19, 96)]  # the last: an odd number of blocks, groups of 3 that straddle block pairs
 
 
+@pytest.mark.parametrize("level", ISA_LEVELS)
+def test_each_level_builds_its_widest_vnni(level):
+    """The n16 tiles a level's build runs: 512-bit vpdpbusd, AVX-VNNI's 256-bit one, or scalar
+    code; the tests below then check whichever this host's levels build."""
+    isa = CpuIsa(level, detect())
+    module = cpu_native.load(isa)
+    assert module is not None
+    assert module.n16_variant() == {512: "avx512-vnni", 256: "avx-vnni", 0: "scalar"}[isa.vnni_bits]
+
+
 @pytest.fixture(scope="module", params=ISA_LEVELS)
 def native(request):
     module = cpu_native.load(CpuIsa(request.param, detect()))

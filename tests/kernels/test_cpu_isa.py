@@ -14,7 +14,8 @@ from edgellm.platform import Platform, resolve_cpu_quant
 ZEN3 = CpuFeatures(frozenset("sse4_2 avx avx2 fma f16c bmi2".split()), "AMD EPYC")
 ZEN4 = CpuFeatures(ZEN3.flags | frozenset("avx512f avx512bw avx512dq avx512vl avx512_vnni avx512_bf16".split()),
                    "AMD EPYC 9004")
-SPR = CpuFeatures(ZEN4.flags | frozenset("amx_tile amx_int8 amx_bf16".split()), "Intel Xeon")
+SPR = CpuFeatures(ZEN4.flags | frozenset("amx_tile amx_int8 amx_bf16 avx_vnni".split()), "Intel Xeon")
+ALDER_LAKE = CpuFeatures(ZEN3.flags | {"avx_vnni"}, "Intel Core i7-12700")
 OLD = CpuFeatures(frozenset("sse4_2 avx".split()), "old")
 
 
@@ -24,7 +25,11 @@ def test_host_levels():
 
 
 def test_capabilities_per_level():
-    assert not CpuIsa("avx2", SPR).bf16_units and not CpuIsa("avx2", SPR).vnni
+    assert not CpuIsa("avx2", ZEN3).vnni and not CpuIsa("avx2", SPR).bf16_units
+    # AVX-VNNI: 256-bit vpdpbusd at level avx2 (client cores, or an AVX-512 CPU capped to avx2)
+    assert CpuIsa("avx2", ALDER_LAKE).vnni_bits == 256 and CpuIsa("avx2", SPR).vnni_bits == 256
+    assert CpuIsa("avx512", SPR).vnni_bits == 512 and CpuIsa("amx", SPR).vnni_bits == 512
+    assert CpuIsa("avx2", ALDER_LAKE).describe() == "avx2 + avx-vnni"
     assert CpuIsa("avx512", ZEN4).vnni and CpuIsa("avx512", ZEN4).bf16_units
     assert CpuIsa("amx", SPR).bf16_units
     assert not CpuIsa("avx512", CpuFeatures(ZEN4.flags - {"avx512_bf16", "avx512_vnni"})).bf16_units
@@ -33,6 +38,7 @@ def test_capabilities_per_level():
 def test_compile_flags_hold_nothing_above_the_level():
     avx2 = CpuIsa("avx2", SPR).compile_flags()
     assert "-march=x86-64-v3" in avx2 and not any("avx512" in f or "amx" in f or f == "-march=native" for f in avx2)
+    assert "-mavxvnni" in avx2 and "-mavxvnni" not in CpuIsa("avx2", ZEN3).compile_flags()
     avx512 = CpuIsa("avx512", SPR).compile_flags()
     assert "-march=x86-64-v4" in avx512 and "-mavx512vnni" in avx512 and not any("amx" in f for f in avx512)
     assert {"-mamx-tile", "-mamx-int8"} <= set(CpuIsa("amx", SPR).compile_flags())
@@ -40,6 +46,7 @@ def test_compile_flags_hold_nothing_above_the_level():
 
 
 def test_select_caps_and_refuses_levels_the_cpu_lacks(monkeypatch):
+    monkeypatch.delenv(env.CPU_ISA, raising=False)  # the suite may run capped (EDGELLM_CPU_ISA=avx2)
     assert select("avx2", SPR).level == "avx2"
     assert select(None, SPR).level == "amx"
     monkeypatch.setenv(env.CPU_ISA, "avx512")

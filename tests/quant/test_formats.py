@@ -124,7 +124,13 @@ def test_int4_auto_path_is_integer_dots_over_rounded_activations(int4_case):
     linear's input rounded the same way, far closer to them than the exact model is: fp32 noise
     upstream can move an activation across a rounding boundary (one code off by one), and through
     attention that touches every later position, so the end-to-end check is relative, not 1e-5."""
-    from edgellm.kernels.reference import int_linear_ref, unpack_int4_blocks_ref
+    from edgellm.kernels.reference import int_linear_ref, unpack_int4_blocks_ref, unpack_int_n16_ref
+
+    def weight_of(k):  # codes, scale, offset [N, ...] from the kernel's layout (rows, or n16 on VNNI)
+        if not k.n16:
+            return unpack_int4_blocks_ref(k.qweight), k.scale.float(), k.offset.float()
+        rows = [t.float().transpose(1, 2).reshape(-1, t.shape[1])[: k.n] for t in (k.scale, k.offset)]
+        return unpack_int_n16_ref(k.qweight, k.n, 4), *rows
 
     (_, _, opts), path, want, ref = int4_case
     # fused modules whose shards have different act-order permutations stay dense (exact)
@@ -155,7 +161,7 @@ def test_int4_auto_path_is_integer_dots_over_rounded_activations(int4_case):
         got = llm.prompt_logits([PROMPT])[0]
         assert len(calls) >= len(kernels) - (4 if dense else 0)
         for k, x2, bias, y in calls:
-            exp = int_linear_ref(x2, unpack_int4_blocks_ref(k.qweight), k.scale.float(), k.offset.float(), k.group, bias)
+            exp = int_linear_ref(x2, *weight_of(k), k.group, bias)
             assert (y.double() - exp).abs().max() <= 1e-5 * exp.abs().max()
         scale = want.abs().max()
         to_rounded, exact_to_rounded = (got - want_q).abs().max() / scale, (want - want_q).abs().max() / scale

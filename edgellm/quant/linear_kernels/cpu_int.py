@@ -5,12 +5,12 @@ int8 weights (Int8Codes: GGUF Q8_0, and the 5/6-bit and K-quant types unpacked t
 W = scale * q (+ offset) per group of 32, or of 16 for Q6_K/Q3_K/Q2_K) keep their codes as they
 are, the scales (and offsets) in fp16 when lossless; everything below holds for them too.
 
-The weight is repacked once at load into the layout of the CPU's kernel: on CPUs with AVX-512
-VNNI, interleaved 16 output rows at a time (the n16 layout of qgemm_n16.h: vpdpbusd's lanes are
-the outputs, and each 32-column block of a tile is AMX's B operand as it is, so steps of many
-rows run on AMX tiles where the CPU has them); elsewhere (AVX2) row by row, each 32-column block
-as 16 bytes (the layout qgemm.cpp unpacks with one shift and one mask). Either way a scale and
-an offset per group
+The weight is repacked once at load into the layout of the CPU's kernel: on CPUs with VNNI
+(AVX-512 VNNI, or AVX-VNNI's 256-bit vpdpbusd), interleaved 16 output rows at a time (the n16
+layout of qgemm_n16.h: vpdpbusd's lanes are the outputs, and each 32-column block of a tile is
+AMX's B operand as it is, so steps of many rows run on AMX tiles where the CPU has them);
+elsewhere (AVX2 without VNNI) row by row, each 32-column block as 16 bytes (the layout qgemm.cpp
+unpacks with one shift and one mask). Either way a scale and an offset per group
 (W = scale * q + offset covers zero points, symmetric codes and GGUF's Q4_1 minimum), in fp16
 when that is lossless, else fp32. Activations are quantized per call to int8 per 32-column
 block (llama.cpp's Q8_0 rule), so the result differs from the exact path only by that rounding:

@@ -26,8 +26,8 @@ _NO_MASK = torch.empty(0, dtype=torch.int32)
 
 
 class IntDotLogitsHead(CpuFastLogitsHead):
-    """n16: the codes in the interleaved layout of CPUs with AVX-512 VNNI (qgemm_n16.h), whose
-    steps of `amx_rows` rows or more run on AMX tiles (calibrate())."""
+    """n16: the codes in the interleaved layout of CPUs with VNNI (AVX-512 VNNI or AVX-VNNI;
+    qgemm_n16.h), whose steps of `amx_rows` rows or more run on AMX tiles (calibrate())."""
 
     def __init__(self, weight: torch.Tensor, native: Any, n16: bool = False) -> None:
         from edgellm.kernels.reference import pack_int_n16_ref, tile_n16_ref

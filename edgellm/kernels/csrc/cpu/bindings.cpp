@@ -20,6 +20,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("layout", &edgellm::cpu::layout, "the fused decode's per-layer layout (decode_layers.h)");
   m.def("int_linear", torch::wrap_pybind_function(edgellm::cpu::int_linear_op), "int_linear");
   m.def("int_linear_n16", torch::wrap_pybind_function(edgellm::cpu::int_linear_n16_op), "int_linear_n16");
+  m.def("n16_variant", []() { return std::string(edgellm::cpu::n16_variant()); },
+        "which vpdpbusd the n16 tiles run: avx512-vnni, avx-vnni or scalar");
   m.def("amx_ready", &edgellm::cpu::amx_ready, "whether AMX tiles run in this process");
   m.def("quantize_rows", torch::wrap_pybind_function(edgellm::cpu::quantize_rows), "quantize_rows");
   m.def("int8_argmax_logits", torch::wrap_pybind_function(edgellm::cpu::int8_argmax_logits), "int8_argmax_logits");

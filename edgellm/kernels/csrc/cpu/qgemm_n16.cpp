@@ -1,14 +1,7 @@
-// Integer-dot matmuls over the n16 layout (the contract: qgemm_n16.h).
-//
-// AVX-512 VNNI (built for levels avx512 + vnni and amx): a tile's 16 outputs are the 16 int32
-// lanes of one zmm. Per 32-column block the 8 layout rows (64 bytes each) are loaded once
-// (int4: 4 loads, one mask and one shift) and shared by up to MR activation rows; each row r
-// adds vpdpbusd(codes_r, the row's 4 activation bytes of columns 4 r .. 4 r + 3 broadcast) into
-// an int32 accumulator that starts at -128 * (the block's code sum) for int8 (undoing the
-// stored + 128), so the block dot is exact. It is converted and scaled by one FMA per block
-// (scale per output lane times the block's step); offsets add offset * dsum per group. No
-// horizontal sums: the lanes are the outputs. Elsewhere: the same sums in scalar code.
-// Work is split over torch's threads by tiles.
+// Integer-dot matmuls over the n16 layout (the contract: qgemm_n16.h): the op, its checks and the
+// split of the tiles over torch's threads. The tiles themselves run in the widest vpdpbusd the
+// build has: qgemm_n16_zmm.cpp (AVX-512 VNNI), qgemm_n16_ymm.cpp (AVX-VNNI, 256 bits), AMX tiles
+// for many rows (qgemm_amx.cpp); without VNNI, the scalar statement of the sums below.
 #include "qgemm_n16.h"
 
 #include <ATen/Parallel.h>
@@ -16,11 +9,6 @@
 #include <pybind11/pybind11.h>
 
 #include <algorithm>
-#include <cstring>
-#include <type_traits>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 namespace edgellm::cpu {
 namespace {
@@ -28,107 +16,7 @@ namespace {
 inline float scalar_of(float v) { return v; }
 inline float scalar_of(c10::Half v) { return static_cast<float>(v); }
 
-#if defined(__AVX512VNNI__)
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const c10::Half* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-inline __m512i bcast4(const int8_t* p) {  // 4 activation bytes to every lane
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm512_set1_epi32(v);
-}
-
-// Outputs of tile t for activation rows m0 .. m0 + MR.
-template <int BITS, int MR, typename S>
-void vnni_rows(const N16Weights<S>& w, int64_t t, const QActs& x, int64_t m0, float* y, int64_t ldy,
-               const float* bias) {
-  const uint8_t* base = w.q + t * w.tile_bytes();
-  const S* scales = w.scale + t * w.G * N16;
-  const int8_t* xa[MR];
-  const float* xd[MR];
-  const int32_t* xs[MR];
-  for (int m = 0; m < MR; ++m) {
-    xa[m] = x.a + (m0 + m) * x.K;
-    xd[m] = x.d + (m0 + m) * x.nb;
-    xs[m] = x.isum + (m0 + m) * 2 * x.nb;
-  }
-  __m512 acc[MR];
-  for (int m = 0; m < MR; ++m) acc[m] = _mm512_setzero_ps();
-  const __m512i low4 = _mm512_set1_epi8(0x0f);
-  __m512 sv = _mm512_setzero_ps();
-  for (int64_t b = 0, left = 0, g = 0; b < w.nb; ++b) {
-    const uint8_t* p = base + b * w.block_bytes;
-    _mm_prefetch(reinterpret_cast<const char*>(p + 4 * w.block_bytes), _MM_HINT_T0);
-    __m512i wv[8];
-    if constexpr (BITS == 4) {
-      for (int i = 0; i < 4; ++i) {
-        const __m512i raw = _mm512_loadu_si512(p + 64 * i);
-        wv[i] = _mm512_and_si512(raw, low4);
-        wv[i + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
-      }
-    } else {
-      for (int i = 0; i < 8; ++i) wv[i] = _mm512_loadu_si512(p + 64 * i);
-    }
-    if (w.bpg == 0) {  // groups of 16 (int8): each half block has its own scales
-      const __m512 s_lo = load16(scales + 2 * b * N16), s_hi = load16(scales + (2 * b + 1) * N16);
-      for (int m = 0; m < MR; ++m) {
-        const int8_t* a = xa[m] + b * QB;
-        __m512i lo = _mm512_set1_epi32(-128 * xs[m][2 * b]), hi = _mm512_set1_epi32(-128 * xs[m][2 * b + 1]);
-        for (int r = 0; r < 4; ++r) {
-          lo = _mm512_dpbusd_epi32(lo, wv[r], bcast4(a + 4 * r));
-          hi = _mm512_dpbusd_epi32(hi, wv[r + 4], bcast4(a + 16 + 4 * r));
-        }
-        const __m512 dm = _mm512_set1_ps(xd[m][b]);
-        acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(lo), s_lo), dm, acc[m]);
-        acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(hi), s_hi), dm, acc[m]);
-      }
-      continue;
-    }
-    if (left-- == 0) {  // the first block of group g
-      sv = load16(scales + g++ * N16);
-      left = w.bpg - 1;
-    }
-    for (int m = 0; m < MR; ++m) {
-      const int8_t* a = xa[m] + b * QB;
-      __m512i s = BITS == 8 ? _mm512_set1_epi32(-128 * (xs[m][2 * b] + xs[m][2 * b + 1])) : _mm512_setzero_si512();
-      for (int r = 0; r < 8; ++r) s = _mm512_dpbusd_epi32(s, wv[r], bcast4(a + 4 * r));
-      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(sv, _mm512_set1_ps(xd[m][b])), acc[m]);
-    }
-  }
-  if (w.offset != nullptr) {
-    const S* offs = w.offset + t * w.G * N16;
-    for (int64_t g = 0; g < w.G; ++g) {
-      const __m512 ov = load16(offs + g * N16);
-      for (int m = 0; m < MR; ++m) acc[m] = _mm512_fmadd_ps(ov, _mm512_set1_ps(x.dsum[(m0 + m) * x.G + g]), acc[m]);
-    }
-  }
-  const int64_t n0 = t * N16, valid = std::min<int64_t>(N16, w.N - n0);
-  const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
-  const __m512 bv = bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
-  for (int m = 0; m < MR; ++m) _mm512_mask_storeu_ps(y + (m0 + m) * ldy + n0, mask, _mm512_add_ps(acc[m], bv));
-}
-
-constexpr int MR = 8;  // activation rows sharing one pass over a tile's loaded codes
-
-template <int BITS, typename S, int R = MR>
-void vnni_rest(const N16Weights<S>& w, int64_t t, const QActs& x, int64_t m0, int64_t left, float* y,
-               const float* bias) {
-  if constexpr (R > 0) {
-    if (left == R) return vnni_rows<BITS, R>(w, t, x, m0, y, w.N, bias);
-    return vnni_rest<BITS, S, R - 1>(w, t, x, m0, left, y, bias);
-  }
-}
-
-template <int BITS, typename S>
-void tiles(const N16Weights<S>& w, int64_t t0, int64_t t1, const QActs& x, int64_t M, float* y, const float* bias) {
-  for (int64_t t = t0; t < t1; ++t) {
-    int64_t m = 0;
-    for (; m + MR <= M; m += MR) vnni_rows<BITS, MR>(w, t, x, m, y, w.N, bias);
-    if (m < M) vnni_rest<BITS>(w, t, x, m, M - m, y, bias);
-  }
-}
-#else
+#if !defined(__AVX512VNNI__) && !defined(__AVXVNNI__)  // else qgemm_n16_zmm.cpp / qgemm_n16_ymm.cpp
 // code of output 16 t + n, column 32 b + k (the layout's statement, read back)
 template <int BITS>
 inline int32_t code_at(const uint8_t* block, int64_t n, int64_t k) {
@@ -137,8 +25,10 @@ inline int32_t code_at(const uint8_t* block, int64_t n, int64_t k) {
   return static_cast<int32_t>(block[e]) - 128;
 }
 
+}  // namespace
+
 template <int BITS, typename S>
-void tiles(const N16Weights<S>& w, int64_t t0, int64_t t1, const QActs& x, int64_t M, float* y, const float* bias) {
+void n16_tiles(const N16Weights<S>& w, int64_t t0, int64_t t1, const QActs& x, int64_t M, float* y, const float* bias) {
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t valid = std::min<int64_t>(N16, w.N - t * N16);
     for (int64_t n = 0; n < valid; ++n) {
@@ -161,6 +51,16 @@ void tiles(const N16Weights<S>& w, int64_t t0, int64_t t1, const QActs& x, int64
     }
   }
 }
+
+template void n16_tiles<4, float>(const N16Weights<float>&, int64_t, int64_t, const QActs&, int64_t, float*,
+                                  const float*);
+template void n16_tiles<4, c10::Half>(const N16Weights<c10::Half>&, int64_t, int64_t, const QActs&, int64_t, float*,
+                                      const float*);
+template void n16_tiles<8, float>(const N16Weights<float>&, int64_t, int64_t, const QActs&, int64_t, float*,
+                                  const float*);
+template void n16_tiles<8, c10::Half>(const N16Weights<c10::Half>&, int64_t, int64_t, const QActs&, int64_t, float*,
+                                      const float*);
+namespace {
 #endif
 
 template <int BITS, typename S>
@@ -169,12 +69,22 @@ void run(const N16Weights<S>& w, const QActs& x, int64_t M, float* y, const floa
     if (amx) {
       amx_tiles<BITS, S>(w, t0, t1, x, M, y, bias);
     } else {
-      tiles<BITS, S>(w, t0, t1, x, M, y, bias);
+      n16_tiles<BITS, S>(w, t0, t1, x, M, y, bias);
     }
   });
 }
 
 }  // namespace
+
+const char* n16_variant() {
+#if defined(__AVX512VNNI__)
+  return "avx512-vnni";
+#elif defined(__AVXVNNI__)
+  return "avx-vnni";
+#else
+  return "scalar";
+#endif
+}
 
 at::Tensor int_linear_n16(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                           const at::Tensor& offset, int64_t bits, int64_t group, const at::Tensor& bias, int64_t n,
