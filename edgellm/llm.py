@@ -225,20 +225,24 @@ class LLM:
                 ]  # type: ignore[arg-type]
         # type: ignore[arg-type]
         prompts = [tok.encode_chat(list(c), add_generation_prompt, **kwargs) for c in conversations]
-        constraint = tool_plan.constraint() if tool_plan is not None else None
-        if constraint is not None:
-            base = (
-                sampling_params
-                if isinstance(sampling_params, Seq)
-                else [sampling_params or SamplingParams()] * len(prompts)
-            )
-            if any(p.structured_outputs is not None for p in base):
-                raise ValueError(
-                    # type: ignore[union-attr]
-                    f"tool_choice {tool_plan.mode!r} constrains the output itself; it cannot be "
-                    "combined with structured_outputs"
+        if tool_plan is not None:
+            base = [
+                tool_plan.sampling(p)
+                for p in (
+                    sampling_params
+                    if isinstance(sampling_params, Seq)
+                    else [sampling_params or SamplingParams()] * len(prompts)
                 )
-            sampling_params = [dataclasses.replace(p, structured_outputs=constraint) for p in base]
+            ]
+            constraint = tool_plan.constraint()
+            if constraint is not None:
+                if any(p.structured_outputs is not None for p in base):
+                    raise ValueError(
+                        f"tool_choice {tool_plan.mode!r} constrains the output itself; it cannot "
+                        "be combined with structured_outputs"
+                    )
+                base = [dataclasses.replace(p, structured_outputs=constraint) for p in base]
+            sampling_params = base
         results = self.generate(prompts, sampling_params, use_tqdm)
         if tool_plan is not None:
             for result in results:

@@ -368,8 +368,11 @@ class LLMEngine:
         if seq.timing.first_token is None:
             seq.timing.first_token = now
         state = self.text[seq.request_id]
-        stop_str = state.add_token(token)
         reason = check_finish(seq, token, self.max_model_len)
+        # a stop token (EOS, stop_token_ids) ends the text without its own text (as vLLM does),
+        # which matters once special tokens are decoded (skip_special_tokens=False)
+        stopped_by_token = reason is FinishReason.STOP and not seq.params.include_stop_str_in_output
+        stop_str = None if stopped_by_token else state.add_token(token)
         if seq.grammar is not None:
             if not seq.grammar.accept(token):
                 seq.error = (

@@ -243,6 +243,8 @@ def prepare(
         if requested is not None and len(ids) + requested > limit:
             raise _context_error(len(ids), requested, limit, what)
         params = req.sampling_params(requested if requested is not None else limit - len(ids))
+        if tools is not None:
+            params = tools.sampling(params)
         try:
             engine.prepare(ids, params)
         except ValueError as exc:

@@ -27,6 +27,8 @@ _HEADER_CHARS = re.compile(r"^[A-Za-z0-9_\-.\[\]]{1,200}$")
 
 
 class MistralParser(ToolCallParser):
+    special_tokens = True  # [TOOL_CALLS], [ARGS], [CALL_ID]
+
     def __init__(self) -> None:
         super().__init__()
         self.text = HeldText(tags=(TOOL_CALLS,), openers="[")

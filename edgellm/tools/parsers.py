@@ -34,7 +34,13 @@ __all__ = [
 
 
 class ToolCallParser:
-    """Base: feed() text as it arrives, finish() at the end; `calls` holds the completed calls."""
+    """Base: feed() text as it arrives, finish() at the end; `calls` holds the completed calls.
+
+    `special_tokens`: the format's markers are special tokens of the models that write it, so
+    their output is decoded with special tokens kept (skip_special_tokens false) while tools are
+    on; the stop token's own text is left out of the output either way (engine._append_token)."""
+
+    special_tokens = False
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []  # (name, arguments JSON text) of completed calls

@@ -15,9 +15,10 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from edgellm.sampling import SamplingParams
 from edgellm.structured.schema_check import check_schema
 from edgellm.structured.spec import StructuredOutputError, StructuredOutputs
 from edgellm.tools.families import DEFAULT_PARSER, PARSERS
@@ -81,6 +82,13 @@ class ToolPlan:
         if not self.parallel:
             schema["maxItems"] = 1
         return StructuredOutputs(json=schema, source="tools")
+
+    def sampling(self, params: SamplingParams) -> SamplingParams:
+        """`params` as this plan needs them: special tokens kept in the decoded text where the
+        format's markers are special tokens (Mistral's [TOOL_CALLS]), as vLLM does."""
+        if self.mode == "auto" and PARSERS[self.parser_name].special_tokens:
+            return replace(params, skip_special_tokens=False)
+        return params
 
     def parser(self) -> ToolCallParser | None:
         if self.mode == "named":

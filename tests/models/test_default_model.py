@@ -39,6 +39,25 @@ def test_chat_answers_a_factual_question(llm):
     assert out.outputs[0].finish_reason == "stop"  # ended with <|im_end|>, not the length limit
 
 
+def test_stop_tokens_leave_their_text_out(llm):
+    """A stop token (EOS, stop_token_ids) ends the text without its own text, also when special
+    tokens are decoded (skip_special_tokens false, as Mistral's tool calls need); with
+    include_stop_str_in_output it is kept (vLLM's rules)."""
+    ask = [{"role": "user", "content": "What is the capital of France?"}]
+    out = llm.chat(ask, SamplingParams(max_tokens=48, temperature=0.0, skip_special_tokens=False))[0].outputs[0]
+    eos = llm.get_tokenizer().hf.eos_token
+    assert out.finish_reason == "stop" and out.stop_reason is None and out.token_ids[-1] == llm.get_tokenizer().eos_token_ids[0]
+    assert "Paris" in out.text and eos not in out.text
+    tok = llm.get_tokenizer()
+    third = out.token_ids[2]
+    cut = llm.chat(ask, SamplingParams(max_tokens=48, temperature=0.0, stop_token_ids=[third]))[0].outputs[0]
+    assert cut.token_ids == out.token_ids[:3] and cut.stop_reason == third
+    assert cut.text == tok.decode(out.token_ids[:2]) and tok.decode([third]).strip()
+    kept = llm.chat(ask, SamplingParams(max_tokens=48, temperature=0.0, stop_token_ids=[third],
+                                        include_stop_str_in_output=True))[0].outputs[0]
+    assert kept.text == tok.decode(out.token_ids[:3])
+
+
 def test_generate_batch_equals_one_by_one(llm):
     prompts = ["The sky is", "Once upon a time", "def add(a, b):"]
     together = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]

@@ -10,6 +10,7 @@ import pytest
 
 from edgellm.llm import LLM
 from edgellm.sampling import SamplingParams
+from edgellm.structured.spec import StructuredOutputs
 
 PARAMS = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                            "unit": {"enum": ["celsius", "fahrenheit"]}},
@@ -45,3 +46,20 @@ def test_bad_tools_are_value_errors(llm):
         llm.chat(ASK, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}})
     with pytest.raises(ValueError, match="only allowed when tools"):
         llm.chat(ASK, tool_choice="required")
+
+
+MISTRAL_V11 = r'\[TOOL_CALLS\]get_weather\[ARGS\]\{"city": "Seoul", "unit": "celsius"\}'
+
+
+def test_mistral_format_keeps_special_tokens_and_drops_the_eos_text():
+    """tool_choice auto in Mistral's v11 format (the output forced into it by a regex): the plan
+    decodes special tokens ([TOOL_CALLS] is one in Mistral's tokenizers), the EOS that ends the
+    output adds no text (SmolLM2's <|im_end|> would otherwise follow the call as content), and
+    the call is parsed."""
+    llm = LLM(None, max_model_len=512, tool_call_parser="mistral")
+    params = SamplingParams(max_tokens=60, temperature=0, structured_outputs=StructuredOutputs(regex=MISTRAL_V11))
+    c = llm.chat(ASK, params, tools=TOOLS)[0].outputs[0]
+    assert c.finish_reason == "tool_calls" and c.token_ids[-1] in llm.get_tokenizer().eos_token_ids
+    assert [(t["function"]["name"], json.loads(t["function"]["arguments"])) for t in c.tool_calls] == [
+        ("get_weather", {"city": "Seoul", "unit": "celsius"})]
+    assert "<|im_end|>" not in c.text and c.text.startswith("[TOOL_CALLS]get_weather")

@@ -166,23 +166,28 @@ def test_a_call_without_arguments_has_the_arguments_empty_object(name):
 
 
 MODEL = "smollm2-135m-instruct"
-REGEX = r"\[get_weather\(city='서울', days=2\), get_time\(\)\]"
+FORCED = {  # the two calls forced by a regex, in each format served below
+    "pythonic": r"\[get_weather\(city='서울', days=2\), get_time\(\)\]",
+    "mistral": r'\[TOOL_CALLS\]get_weather\[ARGS\]\{"city": "서울", "days": 2\}\[TOOL_CALLS\]get_time\[ARGS\]\{\}',
+}
 
 
-@pytest.fixture(scope="module")
-def pythonic_server(tmp_path_factory):
-    log = tmp_path_factory.mktemp("serve_pythonic") / "server.log"
-    with serving(["--max-model-len", "1024", "--kv-cache-memory", "128M", "--tool-call-parser", "pythonic"],
+@pytest.fixture(scope="module", params=sorted(FORCED))
+def parser_server(request, tmp_path_factory):
+    log = tmp_path_factory.mktemp(f"serve_{request.param}") / "server.log"
+    with serving(["--max-model-len", "1024", "--kv-cache-memory", "128M", "--tool-call-parser", request.param],
                  log) as srv:
-        yield srv
+        yield request.param, srv
 
 
-def test_served_with_the_pythonic_parser(pythonic_server):
-    """tool_choice auto, the output forced into the pythonic form by a regex: the server parses it
-    with the parser it was started with, streamed and not."""
-    client = openai.OpenAI(base_url=pythonic_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+def test_served_with_the_configured_parser(parser_server):
+    """tool_choice auto, the output forced into the server's format by a regex: the server parses
+    it with the parser it was started with, streamed and not (mistral: special tokens decoded,
+    the EOS text left out, so nothing follows the calls as content)."""
+    name, server = parser_server
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
     kwargs = {"model": MODEL, "messages": [{"role": "user", "content": "Weather in Seoul, and the time?"}],
-              "tools": [WEATHER, NOW], "temperature": 0, "max_tokens": 60, "extra_body": {"guided_regex": REGEX}}
+              "tools": [WEATHER, NOW], "temperature": 0, "max_tokens": 60, "extra_body": {"guided_regex": FORCED[name]}}
     c = client.chat.completions.create(**kwargs).choices[0]
     assert c.finish_reason == "tool_calls" and not c.message.content
     got = [(t.function.name, json.loads(t.function.arguments)) for t in c.message.tool_calls]
@@ -190,3 +195,32 @@ def test_served_with_the_pythonic_parser(pythonic_server):
     calls, finish = streamed_calls(client.chat.completions.create(**kwargs, stream=True))
     assert finish == "tool_calls"
     assert [(t["name"], json.loads(t["arguments"])) for t in calls] == got
+
+
+def test_mistral_markers_are_special_tokens_kept_in_the_decoded_text():
+    """In Mistral's tokenizers [TOOL_CALLS] and [ARGS] are special tokens: decoded with them skipped
+    (the default) the calls are lost; the plan of the mistral format keeps them, and the output
+    streamed token by token through the detokenizer then parses into the calls."""
+    from edgellm.loader import default_model_path
+    from edgellm.sampling import SamplingParams
+    from edgellm.tokenizer import Tokenizer
+
+    tok = Tokenizer.load(default_model_path(), "gguf")
+    tok.hf.add_special_tokens({"additional_special_tokens": ["[TOOL_CALLS]", "[ARGS]"]})
+    ids = tok.encode(OUTPUTS["mistral"], add_special_tokens=False)
+    assert tok.hf.convert_tokens_to_ids("[TOOL_CALLS]") in ids
+    mistral = dataclasses.replace(plan([WEATHER, NOW], "auto", None), parser_name="mistral")
+    hermes = plan([WEATHER, NOW], "auto", None)
+    assert hermes.sampling(SamplingParams()).skip_special_tokens
+    want = [("get_weather", {"city": "서울", "days": 2}), ("get_time", {})]
+    for tools, found in ((mistral, want), (dataclasses.replace(mistral, mode="named", name="now"), None)):
+        params = tools.sampling(SamplingParams())
+        detok = tok.detokenizer([1, 2], params.skip_special_tokens)
+        text = "".join(detok.step(t) for t in ids) + detok.flush()
+        if found is None:  # other modes decode as asked: the markers are gone
+            assert params.skip_special_tokens and "[TOOL_CALLS]" not in text
+            continue
+        assert not params.skip_special_tokens and text == OUTPUTS["mistral"]
+        msg, finish = tool_output.message(tools, text, "stop")
+        assert finish == "tool_calls"
+        assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in msg["tool_calls"]] == found
