@@ -178,13 +178,16 @@ def awq_layer(
     alphas = {}
 
     def after_norm(
-        key: str, feat: str, norm: nn.Module, lins: list[nn.Linear], block: Callable
+        key: str, feat: str, norm: nn.Module | None, lins: list[nn.Linear], block: Callable
     ) -> None:
-        """Scale the linears that read a norm's output; the norm's weight takes the inverse."""
+        """Scale the linears that read a norm's output; the norm's weight takes the inverse.
+        Linears that read the residual stream itself (no norm: EXAONE 4) keep their scale."""
+        if norm is None:
+            return
         s, alphas[key] = search_scale(
             feats[feat], sub(feat), lins, block, spec, n_grid, duo_scaling
         )
-        norm.weight.data /= s
+        parts.divide_norm(norm, s)
         for lin in lins:
             lin.weight.data *= s
         divide(feat, s)
@@ -195,7 +198,7 @@ def awq_layer(
         "attn",
         parts.attn_norm,
         list(parts.qkv.values()),
-        lambda xs: runner.run_module(parts.attn, xs, attn=True),
+        lambda xs: runner.run_module(parts.attn, xs, index),
     )
 
     # v -> o where v's outputs feed o one to one
@@ -226,7 +229,7 @@ def awq_layer(
         "mlp",
         parts.mlp_norm,
         list(parts.gate_up.values()),
-        lambda xs: runner.run_module(parts.mlp, xs, attn=False),
+        lambda xs: runner.run_module(parts.mlp, xs),
     )
 
     # up -> down

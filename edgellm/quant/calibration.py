@@ -143,19 +143,32 @@ def build_calibration_set(
 
 @dataclass
 class LayerParts:
-    """One decoder layer's modules by role (fused = Phi-3 style qkv_proj / gate_up_proj)."""
+    """One decoder layer's modules by role (fused = Phi-3 style qkv_proj / gate_up_proj).
+
+    attn_norm / mlp_norm: the norm whose output the q/k/v (gate/up) linears read, where there is
+    one: Llama-style layers have both, Gemma 3 has them too (its MLP reads
+    pre_feedforward_layernorm), EXAONE 4's post-norm layers have neither (the linears read the
+    residual stream itself, so no input scale can be folded anywhere). norm_offset: the norms
+    scale by (offset + weight) (1 for Gemma's)."""
 
     layer: nn.Module
     prefix: str  # e.g. "model.layers.3"
     attn: nn.Module
     mlp: nn.Module
-    attn_norm: nn.Module
-    mlp_norm: nn.Module
+    attn_norm: nn.Module | None
+    mlp_norm: nn.Module | None
     qkv: dict[str, nn.Linear]  # {"q_proj":..., "k_proj":..., "v_proj":...} or {"qkv_proj": ...}
     o: tuple[str, nn.Linear]
     gate_up: dict[str, nn.Linear]  # {"gate_proj":..., "up_proj":...} or {"gate_up_proj": ...}
     down: tuple[str, nn.Linear]
     linears: dict[str, nn.Linear] = field(default_factory=dict)  # full name -> module
+    norm_offset: float = 0.0
+
+    def divide_norm(self, norm: nn.Module, s: torch.Tensor) -> None:
+        """Divide `norm`'s output per channel by s (the linears reading it take s on their
+        inputs): (offset + weight) / s as the new (offset + weight)."""
+        w = norm.weight.data
+        w.copy_((w.float() + self.norm_offset) / s - self.norm_offset)
 
     @property
     def fused_qkv(self) -> bool:
@@ -166,6 +179,17 @@ class LayerParts:
         return "gate_up_proj" in self.gate_up
 
 
+def _norm_offset(model: nn.Module) -> float:
+    """What the model's RMSNorms add to their weight (Gemma's (1 + weight)), from its
+    architecture."""
+    from edgellm.models.arch import resolve_architecture
+
+    try:
+        return resolve_architecture(model.config.to_dict()).norm_weight_offset
+    except (AttributeError, ValueError):
+        return 0.0
+
+
 def decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
@@ -174,21 +198,19 @@ def decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
     return "model.layers", layers
 
 
-def layer_parts(layer: nn.Module, prefix: str) -> LayerParts:
+def layer_parts(layer: nn.Module, prefix: str, norm_offset: float = 0.0) -> LayerParts:
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-    norm1, norm2 = (
-        getattr(layer, "input_layernorm", None),
-        getattr(layer, "post_attention_layernorm", None),
-    )
-    if attn is None or mlp is None or norm1 is None or norm2 is None:
+    if attn is None or mlp is None:
         raise CalibrationError(f"{prefix}: not a Llama-style decoder layer")
-    if hasattr(
-        layer, "post_feedforward_layernorm"
-    ):  # Gemma 3, EXAONE 4: norms on the branch outputs
-        raise CalibrationError(
-            f"{prefix}: norms around the branches (Gemma 3 / EXAONE 4 layout) are not "
-            "supported by calibrated conversion yet; quantize such models to GGUF instead"
-        )
+    attn_norm = getattr(layer, "input_layernorm", None)
+    if hasattr(layer, "pre_feedforward_layernorm"):  # Gemma 3: norms around both branches
+        mlp_norm = layer.pre_feedforward_layernorm
+    elif hasattr(layer, "post_feedforward_layernorm"):  # EXAONE 4: norms on branch outputs only
+        mlp_norm = None
+    else:
+        mlp_norm = getattr(layer, "post_attention_layernorm", None)
+        if attn_norm is None or mlp_norm is None:
+            raise CalibrationError(f"{prefix}: not a Llama-style decoder layer")
     if hasattr(attn, "qkv_proj"):
         qkv = {"qkv_proj": attn.qkv_proj}
     else:
@@ -203,12 +225,13 @@ def layer_parts(layer: nn.Module, prefix: str) -> LayerParts:
         prefix,
         attn,
         mlp,
-        norm1,
-        norm2,
+        attn_norm,
+        mlp_norm,
         qkv,
         ("o_proj", attn.o_proj),
         gate_up,
         ("down_proj", mlp.down_proj),
+        norm_offset=norm_offset,
     )
     for name, mod in qkv.items():
         parts.linears[f"{prefix}.self_attn.{name}"] = mod
@@ -250,25 +273,42 @@ def _layer_output(out: Any) -> torch.Tensor:
 
 
 class LayerwiseRunner:
-    """Replays the calibration set through one decoder layer at a time."""
+    """Replays the calibration set through one decoder layer at a time.
+
+    Each layer's keyword arguments (attention mask, rotary tables, ...) are recorded from one run
+    of the float model per batch, as that layer received them: layers of different kinds
+    (Gemma 3's and EXAONE 4's sliding-window and global layers) take different ones."""
 
     def __init__(self, model: nn.Module, samples: list[list[int]], batch_size: int = 8) -> None:
         self.model = model
         self.prefix, self.layers = decoder_layers(model)
+        self.norm_offset = _norm_offset(model)
         self.hidden: list[torch.Tensor] = []
-        self.kwargs: list[dict[str, Any]] = []
+        self.kwargs: list[list[dict[str, Any]]] = []  # [batch][layer]
+        last = len(self.layers) - 1
         captured: dict[str, Any] = {}
 
-        def catch(mod: nn.Module, args: tuple, kwargs: dict) -> None:
-            captured["hidden"] = args[0] if args else kwargs.pop("hidden_states")
-            captured["kwargs"] = dict(kwargs)
-            raise _StopForward
+        def catch(index: int) -> Callable:
+            def hook(mod: nn.Module, args: tuple, kwargs: dict) -> None:
+                kwargs = dict(kwargs)
+                hidden = args[0] if args else kwargs.pop("hidden_states")
+                if index == 0:
+                    captured["hidden"] = hidden
+                captured["kwargs"].append(kwargs)
+                if index == last:
+                    raise _StopForward
 
-        handle = self.layers[0].register_forward_pre_hook(catch, with_kwargs=True)
+            return hook
+
+        handles = [
+            layer.register_forward_pre_hook(catch(i), with_kwargs=True)
+            for i, layer in enumerate(self.layers)
+        ]
         try:
             batches = [samples[i : i + batch_size] for i in range(0, len(samples), batch_size)]
             for batch in tqdm(batches, desc="calibration: embed", leave=False):
                 ids = torch.tensor(batch, dtype=torch.long)
+                captured["kwargs"] = []
                 try:
                     with torch.no_grad():
                         model(input_ids=ids, use_cache=False)
@@ -277,26 +317,30 @@ class LayerwiseRunner:
                 self.hidden.append(captured["hidden"].detach())
                 self.kwargs.append(captured["kwargs"])
         finally:
-            handle.remove()
+            for h in handles:
+                h.remove()
 
     def parts(self, index: int) -> LayerParts:
-        return layer_parts(self.layers[index], f"{self.prefix}.{index}")
+        return layer_parts(self.layers[index], f"{self.prefix}.{index}", self.norm_offset)
 
     @torch.no_grad()
     def forward(self, index: int, advance: bool = False) -> None:
         """Run every batch through layer `index` (hooks see its inputs); advance: keep outputs."""
         layer = self.layers[index]
         for b, (h, kw) in enumerate(zip(self.hidden, self.kwargs)):
-            out = _layer_output(layer(h, **kw))
+            out = _layer_output(layer(h, **kw[index]))
             if advance:
                 self.hidden[b] = out.detach()
 
     @torch.no_grad()
     def run_module(
-        self, module: nn.Module, inputs: list[torch.Tensor], attn: bool
+        self, module: nn.Module, inputs: list[torch.Tensor], index: int | None = None
     ) -> list[torch.Tensor]:
-        """Run a sub-module of a layer (self_attn with the layer's kwargs, or an MLP/linear)."""
-        outs = []
-        for x, kw in zip(inputs, self.kwargs):
-            outs.append(_layer_output(module(hidden_states=x, **kw)) if attn else module(x))
-        return outs
+        """Run a sub-module of a layer: self_attn of layer `index` with that layer's kwargs, or
+        (index None) an MLP or a linear."""
+        if index is None:
+            return [module(x) for x in inputs]
+        return [
+            _layer_output(module(hidden_states=x, **kw[index]))
+            for x, kw in zip(inputs, self.kwargs)
+        ]

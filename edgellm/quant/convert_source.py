@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from edgellm import env
 
-CONVERT_ARCHS = ("llama", "mistral", "qwen2", "phi3")
+CONVERT_ARCHS = ("llama", "mistral", "qwen2", "phi3", "qwen3", "gemma3", "exaone4")
 
 
 class ConvertError(ValueError):

@@ -44,8 +44,10 @@ def smooth_layer(
         ("attn", parts.attn_norm, parts.qkv),
         ("mlp", parts.mlp_norm, parts.gate_up),
     ):
+        if norm is None:  # the linears read the residual stream itself (EXAONE 4): not smoothed
+            continue
         linears = list(group.values())
         s = smooth_scales(stats.values[key], linears, alpha)
-        norm.weight.data /= s
+        parts.divide_norm(norm, s)
         for lin in linears:
             lin.weight.data *= s

@@ -258,6 +258,58 @@ def test_smoothquant_migrates_outliers_without_changing_the_function(outlier_mod
     assert spread(stats_after.values["q"]) < 0.5 * spread(stats_before.values["q"])
 
 
+@pytest.mark.parametrize("arch", ["gemma3", "exaone4", "qwen3"])
+def test_layerwise_replay_and_smoothing_keep_the_function_of_2026_layouts(tiny_dir, arch):
+    """Gemma 3 (norms around both branches, (1 + w) norms, sliding and global layers), EXAONE 4
+    (post-norms only, sliding and global layers), Qwen3 (q/k norms): replaying the calibration set
+    layer by layer gives the model's own hidden states (each layer gets the mask and rotary of its
+    kind), and SmoothQuant's scales folded into the norms that feed the linears leave the logits
+    unchanged (EXAONE 4's linears read the residual stream: nothing to fold, nothing changed)."""
+    from transformers import AutoModelForCausalLM
+
+    from edgellm.quant.calibration import LayerwiseRunner, input_hooks
+    from edgellm.quant.smoothquant import smooth_layer
+
+    src, _ = tiny_dir(arch)
+    model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32).eval()
+    ids = torch.randint(0, 320, (2, 40), generator=torch.Generator().manual_seed(1))  # > the window (24)
+    final: list[torch.Tensor] = []
+    with torch.no_grad(), input_hooks({"norm": model.model.norm}, lambda _, x: final.append(x)):
+        before = model(ids).logits
+    runner = LayerwiseRunner(model, ids.tolist(), batch_size=2)
+    for i in range(len(runner.layers)):
+        runner.forward(i, advance=True)
+    torch.testing.assert_close(runner.hidden[0], final[0], rtol=1e-5, atol=1e-5)
+    runner = LayerwiseRunner(model, ids.tolist(), batch_size=2)
+    folded = []
+    for i in range(len(runner.layers)):
+        parts = runner.parts(i)
+        norms = [n for n in (parts.attn_norm, parts.mlp_norm) if n is not None]
+        weights = [n.weight.detach().clone() for n in norms]
+        smooth_layer(runner, i, parts, alpha=0.8)
+        folded += [not torch.equal(w, n.weight) for w, n in zip(weights, norms)]
+        runner.forward(i, advance=True)
+    assert (folded == []) == (arch == "exaone4") and all(folded)
+    with torch.no_grad():
+        after = model(ids).logits
+    torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "exaone4"])
+def test_gemma3_and_exaone4_convert_and_serve(tiny_dir, tmp_path, arch):
+    """Every scheme converts them; the report's evaluation ran the output in edgellm's engine,
+    and GPTQ beats round-to-nearest at the same group size."""
+    src, _ = tiny_dir(arch)
+    fast = dict(num_samples=8, seq_len=48, awq_grid=6)
+    err = {}
+    for scheme, kw in [("rtn", dict(symmetric=True)), ("w4a16-gptq", {}), ("w4a16-awq", {}),
+                       ("w8a8-int8", dict(group_size=None)), ("fp8-dynamic", dict(group_size=None))]:
+        report = _run(src, tmp_path / scheme, scheme, **{**fast, **kw})
+        assert report["eval_path"] == "engine"
+        err[scheme] = report["logit_relative_error"]
+    assert err["w4a16-gptq"] < err["rtn"] and err["w8a8-int8"] < 0.2 * err["rtn"], err
+
+
 @pytest.mark.parametrize("arch", ["qwen2", "phi3"])
 def test_awq_folds_into_biased_and_fused_layers(tiny_dir, tmp_path, arch):
     """Qwen2 (q/k/v biases, v->o fold) and Phi-3 (fused qkv_proj / gate_up_proj) keep their names."""
