@@ -20,6 +20,7 @@ import torch
 from edgellm.config import EngineConfig, ModelConfig
 from edgellm.engine.block_manager import BlockManager
 from edgellm.engine.kv_publisher import make_publisher
+from edgellm.engine.kv_sizing import size_kv_cache
 from edgellm.engine.output import (
     CompletionOutput,
     RequestMetrics,
@@ -37,24 +38,6 @@ from edgellm.structured.grammar import GrammarService
 from edgellm.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
-
-
-# On CPU the cache is zeroed up front; a small model needs far less than a fraction of RAM.
-_CPU_DEFAULT_KV_CAP = 1 << 30
-
-
-def _available_memory(device: torch.device) -> int:
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free)
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 4 << 30
 
 
 @contextlib.contextmanager
@@ -116,40 +99,12 @@ class LLMEngine:
                 cpu_kernels=Platform.create(config.cpu_quant, config.cpu_isa),
             )
 
-        per_block = kv_cache_bytes_per_block(self.model, config.block_size, self.kv_dtype)
-        budget = config.kv_cache_memory or int(
-            _available_memory(self.device) * config.kv_cache_memory_fraction
-        )
-        if config.kv_cache_memory is None and self.device.type == "cpu":
-            budget = min(budget, _CPU_DEFAULT_KV_CAP)
-        num_blocks = budget // per_block
-        capacity = num_blocks * config.block_size
-        if num_blocks < 1:
-            raise ValueError(
-                f"KV cache budget of {budget} bytes holds no block ({per_block} bytes per "
-                f"{config.block_size}-token block); raise kv_cache_memory"
-            )
-        if capacity < requested_len:
-            if config.max_model_len:
-                raise ValueError(
-                    f"max_model_len {config.max_model_len} needs {requested_len} KV tokens but the "
-                    f"cache budget ({budget} bytes) holds {capacity}; raise kv_cache_memory or "
-                    "lower "
-                    f"max_model_len"
-                )
-            logger.warning(
-                "max_model_len capped from %d to %d by the KV cache budget", requested_len, capacity
-            )
-            requested_len = capacity
-        self.max_model_len = requested_len
-        logger.info(
-            "KV cache: %d blocks x %d tokens = %d tokens (%.1f MiB, %s); max_model_len %d",
-            num_blocks,
-            config.block_size,
-            capacity,
-            num_blocks * per_block / 2**20,
-            str(self.kv_dtype).replace("torch.", ""),
-            self.max_model_len,
+        num_blocks, self.max_model_len = size_kv_cache(
+            kv_cache_bytes_per_block(self.model, config.block_size, self.kv_dtype),
+            config,
+            self.device,
+            self.kv_dtype,
+            requested_len,
         )
         # KV-cache events: recorded by the block manager, published off this thread
         self.kv_publisher = make_publisher(config.kv_events)
