@@ -42,7 +42,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--kv-cache-memory",
         type=_memory,
         default=None,
-        help="KV cache size in bytes (e.g. 1G); default: a fraction of free memory",
+        help="KV cache size in bytes (e.g. 1G); default: on CUDA what --gpu-memory-utilization "
+        "leaves after a profile of the largest step, on CPU a fraction of free memory (<= 1G)",
+    )
+    g.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="CUDA: the share of the GPU's memory for weights, activations and the KV cache "
+        "(vLLM's flag; default 0.9)",
     )
     g.add_argument(
         "--cpu-quant",
@@ -98,6 +106,7 @@ def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
         "enable_prefix_caching": args.enable_prefix_caching,
         "kv_cache_dtype": args.kv_cache_dtype,
         "kv_cache_memory": args.kv_cache_memory,
+        "gpu_memory_utilization": getattr(args, "gpu_memory_utilization", 0.9),
         "seed": args.seed,
         "chat_template": args.chat_template,
         "architecture": getattr(args, "architecture", None),

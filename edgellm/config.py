@@ -147,7 +147,10 @@ class EngineConfig:
     max_num_seqs: int = 64
     enable_prefix_caching: bool = True
     kv_cache_memory: int | None = None  # bytes; None: kv_cache_memory_fraction of free memory
-    kv_cache_memory_fraction: float = 0.2
+    kv_cache_memory_fraction: float = 0.2  # CPU
+    # CUDA: the share of the GPU for weights, the largest step's activations and the KV cache
+    # (vLLM's --gpu-memory-utilization; edgellm/engine/memory_profile.py)
+    gpu_memory_utilization: float = 0.9
     kv_cache_dtype: str = "auto"
     seed: int = 0
     tokenizer: str | None = None  # a directory with tokenizer files; default: the model's own
@@ -182,6 +185,10 @@ class EngineConfig:
             )
         if not 0.0 < self.kv_cache_memory_fraction <= 0.95:
             raise ValueError("kv_cache_memory_fraction must be in (0, 0.95]")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
         if self.kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3"):
             raise ValueError(f"kv_cache_dtype must be auto or fp8, got {self.kv_cache_dtype!r}")
         if self.cpu_quant is not None and self.cpu_quant not in ("auto", "exact", "fast"):

@@ -18,6 +18,7 @@ from typing import Any, cast
 import torch
 
 from edgellm.config import EngineConfig, ModelConfig
+from edgellm.engine import memory_profile
 from edgellm.engine.block_manager import BlockManager
 from edgellm.engine.kv_publisher import make_publisher
 from edgellm.engine.kv_sizing import size_kv_cache
@@ -99,12 +100,24 @@ class LLMEngine:
                 cpu_kernels=Platform.create(config.cpu_quant, config.cpu_isa),
             )
 
+        measured = None
+        if self.device.type == "cuda" and config.kv_cache_memory is None:
+            mem = memory_profile.measure(
+                self.model,
+                config.block_size,
+                self.kv_dtype,
+                self.device,
+                min(config.max_num_batched_tokens, requested_len),
+                config.max_num_seqs,
+            )
+            measured = memory_profile.kv_budget(mem, config.gpu_memory_utilization)
         num_blocks, self.max_model_len = size_kv_cache(
             kv_cache_bytes_per_block(self.model, config.block_size, self.kv_dtype),
             config,
             self.device,
             self.kv_dtype,
             requested_len,
+            measured,
         )
         # KV-cache events: recorded by the block manager, published off this thread
         self.kv_publisher = make_publisher(config.kv_events)

@@ -1,7 +1,8 @@
 """How many KV-cache blocks a load gets, and the max_model_len they allow.
 
-The budget is `kv_cache_memory` bytes when given, else `kv_cache_memory_fraction` of the memory
-available now (free GPU memory on CUDA, MemAvailable on CPU, where it is also capped at 1 GiB: the
+The budget is `kv_cache_memory` bytes when given; else on CUDA what the memory profile leaves of
+`gpu_memory_utilization` x the GPU (edgellm/engine/memory_profile.py); else
+`kv_cache_memory_fraction` of the memory available now (MemAvailable on CPU, capped at 1 GiB: the
 CPU cache is zeroed up front and a small model needs far less than a fraction of RAM).
 """
 
@@ -39,15 +40,21 @@ def size_kv_cache(
     device: torch.device,
     kv_dtype: torch.dtype,
     requested_len: int,
+    measured_budget: int | None = None,
 ) -> tuple[int, int]:
-    """(num_blocks, max_model_len) for blocks of `per_block` bytes. max_model_len is
-    `requested_len`, capped (with a warning) by what the cache holds when the user did not ask
-    for it; a ValueError when the budget holds no block, or less than an explicit max_model_len."""
-    budget = config.kv_cache_memory or int(
-        available_memory(device) * config.kv_cache_memory_fraction
-    )
-    if config.kv_cache_memory is None and device.type == "cpu":
-        budget = min(budget, CPU_DEFAULT_KV_CAP)
+    """(num_blocks, max_model_len) for blocks of `per_block` bytes. The budget: kv_cache_memory,
+    else `measured_budget` (CUDA: edgellm/engine/memory_profile.py), else the fraction above.
+    max_model_len is `requested_len`, capped (with a warning) by what the cache holds when the
+    user did not ask for it; a ValueError when the budget holds no block, or less than an
+    explicit max_model_len."""
+    if config.kv_cache_memory is not None:
+        budget = config.kv_cache_memory
+    elif measured_budget is not None:
+        budget = measured_budget
+    else:
+        budget = int(available_memory(device) * config.kv_cache_memory_fraction)
+        if device.type == "cpu":
+            budget = min(budget, CPU_DEFAULT_KV_CAP)
     num_blocks = budget // per_block
     capacity = num_blocks * config.block_size
     if num_blocks < 1:
