@@ -1,27 +1,27 @@
 """LLMEngine: requests in, one scheduled forward pass per step, outputs out.
 
-Sizing: the KV cache gets a byte budget (--kv-cache-memory, or a fraction of
-free memory); the engine logs how many tokens fit and caps max_model_len to
-what one sequence can hold.
+Construction: the checkpoint, tokenizer and model (engine/loading.py), the KV cache sized by its
+byte budget (engine/kv_sizing.py; on CUDA the budget --gpu-memory-utilization leaves after a
+memory profile, engine/memory_profile.py), then the block manager, scheduler, grammar service
+and runner.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Iterator
 from collections.abc import Sequence as Seq
 from typing import Any, cast
 
 import torch
 
-from edgellm.config import EngineConfig, ModelConfig
+from edgellm.config import EngineConfig
 from edgellm.engine import memory_profile
 from edgellm.engine.block_manager import BlockManager
 from edgellm.engine.kv_publisher import make_publisher
 from edgellm.engine.kv_sizing import size_kv_cache
+from edgellm.engine.loading import load
 from edgellm.engine.output import (
     CompletionOutput,
     RequestMetrics,
@@ -32,30 +32,10 @@ from edgellm.engine.output import (
 from edgellm.engine.runner import ModelRunner, kv_cache_bytes_per_block
 from edgellm.engine.scheduler import Scheduler
 from edgellm.engine.sequence import FinishReason, Sequence, Status
-from edgellm.loader import CheckpointError, load_model, model_config, resolve_checkpoint
-from edgellm.platform import Platform
 from edgellm.sampling import GrammarMasks, Sampler, SamplingParams
 from edgellm.structured.grammar import GrammarService
-from edgellm.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
-
-
-@contextlib.contextmanager
-def _names_the_file(source: object) -> Iterator[None]:
-    """Whatever a bad checkpoint makes the loader raise becomes a CheckpointError (a ValueError: the
-    CLI prints it as one line, no traceback) that names the file and the problem."""
-    try:
-        yield
-    except (MemoryError, KeyboardInterrupt):
-        raise
-    except Exception as exc:
-        if isinstance(exc, CheckpointError):
-            raise  # the loader's own errors name their file already
-        where, msg = str(source), str(exc) or type(exc).__name__
-        if not isinstance(exc, ValueError):
-            msg = f"cannot load ({type(exc).__name__}: {msg})"
-        raise CheckpointError(msg if where in msg else f"{where}: {msg}") from exc
 
 
 class LLMEngine:
@@ -63,42 +43,12 @@ class LLMEngine:
         self.config = config
         self.device = torch.device(config.device)
         torch.manual_seed(config.seed)
-        with _names_the_file(config.model or "the embedded default model"):
-            self.checkpoint = resolve_checkpoint(config.model)
-        with _names_the_file(self.checkpoint.path):
-            mcfg: ModelConfig = model_config(self.checkpoint, config.architecture)
-            self.model_config = mcfg
-            self.tokenizer = Tokenizer.load(
-                self.checkpoint.path,
-                self.checkpoint.kind,
-                config.chat_template,
-                fallback_template=self.checkpoint.fallback_chat_template,
-            )
-        self.eos_token_ids = list(mcfg.eos_token_ids)
-        if self.tokenizer is not None:
-            self.eos_token_ids += [
-                t for t in self.tokenizer.eos_token_ids if t not in self.eos_token_ids
-            ]
-
-        self.kv_dtype = (
-            torch.float8_e4m3fn if config.kv_cache_dtype.startswith("fp8") else config.torch_dtype
-        )
-        requested_len = config.max_model_len or mcfg.max_position_embeddings
-        if config.max_model_len and config.max_model_len > mcfg.max_position_embeddings:
-            logger.warning(
-                "max_model_len %d exceeds the model's max_position_embeddings %d",
-                config.max_model_len,
-                mcfg.max_position_embeddings,
-            )
-        with _names_the_file(self.checkpoint.path):
-            self.model = load_model(
-                self.checkpoint,
-                config.torch_dtype,
-                self.device,
-                max_position=requested_len,
-                architecture=config.architecture,
-                cpu_kernels=Platform.create(config.cpu_quant, config.cpu_isa),
-            )
+        loaded = load(config, self.device)
+        self.checkpoint, self.model_config = loaded.checkpoint, loaded.model_config
+        self.tokenizer, self.eos_token_ids = loaded.tokenizer, loaded.eos_token_ids
+        self.model, self.kv_dtype = loaded.model, loaded.kv_dtype
+        requested_len = loaded.requested_len
+        mcfg = self.model_config
 
         measured = None
         if self.device.type == "cuda" and config.kv_cache_memory is None:
