@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from edgellm.bench.engine_check import agreement
-from edgellm.bench.gpu_check import TARGETS, parse_sections, targets
+from edgellm.bench.gpu_check import TARGETS, parse_sections, run_section, summary, targets
 from edgellm.bench.tiny_models import ARCHS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,3 +135,16 @@ def test_targets_are_judged_only_on_a_gpu():
     assert all(t["met"] is None for t in targets({"a": a, "c": c}, judged=False))
     missing = targets({"a": {"status": "failed"}}, judged=True)
     assert all(math.isnan(t["value"]) and t["met"] is None for t in missing)
+
+
+def test_run_section_turns_a_raise_into_a_failed_status(capsys):
+    failed = run_section("b", lambda: {"x": 1 / 0})
+    assert failed["status"] == "failed" and failed["error"].startswith("ZeroDivisionError")
+    assert failed["seconds"] >= 0 and "section b FAILED" in capsys.readouterr().out
+    ok = run_section("a", lambda: {"rows": [1]})
+    assert ok["status"] == "ok" and ok["rows"] == [1]
+    partial = run_section("c", lambda: {"status": "failed", "error": "one part failed"})
+    assert partial["status"] == "failed" and partial["error"] == "one part failed"
+    lines = summary({"a": ok, "b": failed, "c": {"status": "skipped"}}, targets({}, judged=False))
+    assert any(line.startswith("b ") and "ZeroDivisionError" in line for line in lines)
+    assert any(line.startswith("c ") and "not selected" in line for line in lines)
