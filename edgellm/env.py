@@ -18,6 +18,7 @@ CPU_DENSE_CACHE_MB = "EDGELLM_CPU_DENSE_CACHE_MB"  # budget of dense weight copi
 CACHE = "EDGELLM_CACHE"  # build and conversion cache directory
 API_KEY = "EDGELLM_API_KEY"  # the server's API key when --api-key is not given
 LLAMA_SERVER = "EDGELLM_LLAMA_SERVER"  # the llama-server binary the benchmarks compare with
+OUT = "OUT"  # the folder whose files a lent GPU machine hands back (benchmarks/gpu_check.py)
 TRITON_ON_CPU = (
     "EDGELLM_TRITON_ON_CPU"  # 1 (with TRITON_INTERPRET=1): Triton kernels on CPU tensors
 )
@@ -76,3 +77,8 @@ def triton_on_cpu() -> bool:
 
 def llama_server() -> str | None:
     return _get(LLAMA_SERVER)
+
+
+def out_dir() -> Path | None:
+    value = _get(OUT)
+    return Path(value).expanduser() if value else None

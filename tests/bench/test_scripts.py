@@ -27,6 +27,7 @@ COVERED = {
     "overload": "tests/bench/test_reliability.py",
     "soak": "tests/bench/test_reliability.py",
     "gpu_kernels": "tests/bench/test_gpu_script.py",
+    "gpu_check": "tests/bench/test_gpu_check.py",
 }
 
 
