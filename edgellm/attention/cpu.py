@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from edgellm.attention.base import AttentionBackend
+from edgellm.attention.cpu_prefix import flash, prefix_attention
 from edgellm.batch import AttentionMetadata
 from edgellm.kernels.cpu_native import decode_tables
 from edgellm.kernels.paged_attention import (
@@ -27,11 +28,15 @@ from edgellm.kernels.paged_attention import (
 class CpuAttention(AttentionBackend):
     name = "cpu"
 
-    def __init__(self, native: Any, prefill_dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self, native: Any, prefill_dtype: torch.dtype | None = None, prefix_kernel: str = "flash"
+    ) -> None:
         """native: the C++ module (edgellm/kernels/cpu_native.load); prefill_dtype: prefill
-        chunks' dtype, with cascade attention (None: the query's, one chunk at a time)."""
+        chunks' dtype, with cascade attention (None: the query's, one chunk at a time);
+        prefix_kernel: how cascade attends the shared prefix (edgellm/attention/cpu_prefix.py)."""
         self.native = native
         self.prefill_dtype = prefill_dtype
+        self.prefix_kernel = prefix_kernel
 
     def write_kv(
         self,
@@ -140,6 +145,8 @@ class CpuAttention(AttentionBackend):
                 self.prefill_dtype,
                 step_cache,
                 out,
+                self.prefix_kernel,
+                self.native,
             )
         prefill_rows_ref(
             query,
@@ -183,26 +190,6 @@ def _shared_prefix_blocks(
     return past if bool(same.all()) else int(same.int().argmin())
 
 
-def _flash(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None,
-    scale: float,
-    causal: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(output [1, Hq, Lq, D], logsumexp [1, Hq, Lq] fp32) of softmax(q k^T * scale + mask) v
-    (causal: query i sees keys 0..i); GQA by repeating the kv heads (the CPU flash op takes
-    equal heads)."""
-    group = q.shape[1] // k.shape[1]
-    if group > 1:
-        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q, k, v, 0.0, causal, attn_mask=mask, scale=scale
-    )
-    return out[0], out[1].float()
-
-
 def _suffixes_batched(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -225,7 +212,7 @@ def _suffixes_batched(
             t = t.new_zeros(n * lmax, *t.shape[1:]).index_copy_(0, pos, t)
         return t.view(n, lmax, *t.shape[1:]).transpose(1, 2)
 
-    o, lse = _flash(pad(q), pad(k), pad(v), None, scale, causal=True)
+    o, lse = flash(pad(q), pad(k), pad(v), None, scale, causal=True)
     o = o.transpose(1, 2).reshape(n * lmax, q.shape[1], q.shape[2])  # [chunks * longest, Hq, D]
     lse = lse.transpose(1, 2).reshape(n * lmax, q.shape[1])
     if pos is not None:
@@ -248,6 +235,8 @@ def cascade_prefill(
     dtype,
     step_cache,
     out,
+    prefix_kernel="flash",
+    native=None,
 ) -> int:
     """Prefill chunks [first, B) through shared-prefix attention when at least two share a cached
     prefix of CASCADE_MIN_PREFIX tokens or more: all their queries against the prefix in one flash
@@ -272,7 +261,7 @@ def cascade_prefill(
     q_all = q_tok.transpose(0, 1).contiguous()  # [Hq, Nq, D]
     kp, vp = gather_kv(kv_cache, block_tables[first : first + 1], prefix, dtype, k_scale, v_scale)
     # GQA folded into the rows: each kv head's G query heads as G * Nq rows (no K/V repeat)
-    o1, lse1 = _flash(q_all.view(1, hkv, -1, d), kp, vp, None, scale)
+    o1, lse1 = prefix_attention(prefix_kernel, native, q_all.view(1, hkv, -1, d), kp, vp, scale)
     o1 = o1.reshape(hq, n_q, d).transpose(0, 1)  # [Nq, Hq, D]
     lse1 = lse1.reshape(hq, n_q).t()
     lens = [query_start_loc[i + 1] - query_start_loc[i] for i in range(first, len(seq_lens))]
@@ -297,7 +286,7 @@ def cascade_prefill(
             mask = torch.zeros(q_len, ctx - prefix, dtype=dtype).masked_fill_(
                 kv_pos > q_pos, float("-inf")
             )
-            o, lse = _flash(q_all[None, :, rows], k2, v2, mask[None, None], scale)
+            o, lse = flash(q_all[None, :, rows], k2, v2, mask[None, None], scale)
             o2[rows], lse2[rows] = o[0].transpose(0, 1), lse[0].t()
     lse = torch.logaddexp(lse1, lse2)
     w1, w2 = (lse1 - lse).exp_().unsqueeze(-1), (lse2 - lse).exp_().unsqueeze(-1)

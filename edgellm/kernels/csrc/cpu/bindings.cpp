@@ -10,10 +10,12 @@
 #include "qgemm.h"
 #include "qgemm_n16.h"
 #include "rotary.h"
+#include "scores_bf16.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", torch::wrap_pybind_function(edgellm::cpu::decode_attention), "decode_attention");
   m.def("decode_layers", torch::wrap_pybind_function(edgellm::cpu::decode_layers), "decode_layers");
+  m.def("prefix_softmax_bf16", torch::wrap_pybind_function(edgellm::cpu::prefix_softmax_bf16), "prefix_softmax_bf16");
   m.def("rotate_", torch::wrap_pybind_function(edgellm::cpu::rotate_), "rotate_");
   m.def("silu_mul", torch::wrap_pybind_function(edgellm::cpu::silu_mul), "silu_mul");
   m.def("rms_norm", torch::wrap_pybind_function(edgellm::cpu::rms_norm), "rms_norm");
