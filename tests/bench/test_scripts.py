@@ -79,6 +79,12 @@ def quick_kv_events_overhead(tmp_path):
     assert r["machine"]["cores"] and all(v > 0 for v in r["median_decode_tok_s"].values())
 
 
+def quick_prefix_attention(tmp_path):
+    r = run_json("prefix_attention", tmp_path, "--chunks", "2", "--turn", "5", "--prefix", "64", "--repeats", "1")
+    assert set(r["ms_per_layer"]) == {"flash-fp32", "flash-bf16", "scores-bf16"}
+    assert all(x > 0 for x in r["ms_per_layer"].values()) and r["chosen_bf16_prefix_kernel"] in ("flash", "scores")
+
+
 def quick_profile_decode(tmp_path):
     r = run_json("profile_decode", tmp_path, "--batch", "1", "--prompt-len", "8", "--steps", "2")
     assert r["rows"] and r["rows"][0]["tok_s"] > 0
@@ -175,7 +181,7 @@ def quick_hf_baseline_server(tmp_path):
 
 
 QUICK = {name[len("quick_"):]: fn for name, fn in dict(globals()).items() if name.startswith("quick_")}
-FAST = {"cpu_int_dot", "gguf_kquant_decode", "profile_decode"}  # the rest: over ~30 s each
+FAST = {"cpu_int_dot", "gguf_kquant_decode", "prefix_attention", "profile_decode"}  # the rest: over ~30 s each
 
 
 def test_every_script_has_a_quick_mode():
