@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edgellm.cpu_isa import LEVELS, CpuIsa, detect
+from edgellm.cpu_isa import CpuIsa, detect
 from edgellm.kernels import cpu_native
 from edgellm.kernels.reference import (
     ACT_BLOCK,
@@ -26,9 +26,7 @@ from edgellm.kernels.reference import (
     unpack_int4_blocks_ref,
     unpack_int_n16_ref,
 )
-
-HOST = detect().host_level
-ISA_LEVELS = [lvl for lvl in LEVELS[1:] if LEVELS.index(lvl) <= LEVELS.index(HOST)]
+from tests.helpers.isa_levels import ISA_LEVELS, native_at
 
 # (rows M, K, N, group)
 SHAPES = [(1, 96, 37, 32), (3, 192, 21, 64), (5, 128, 9, 128), (2, 64, 5, 64), (7, 320, 13, 320), (17, 96, 11, 32),
@@ -47,9 +45,7 @@ def test_each_level_builds_its_widest_vnni(level):
 
 @pytest.fixture(scope="module", params=ISA_LEVELS)
 def native(request):
-    module = cpu_native.load(CpuIsa(request.param, detect()))
-    assert module is not None, f"the C++ kernels did not build at level {request.param}"
-    return module
+    return native_at(request.param)
 
 
 # int8 codes also come in groups of 16 (GGUF Q6_K / Q3_K / Q2_K sub-blocks)

@@ -9,19 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edgellm.cpu_isa import LEVELS, CpuIsa, detect
-from edgellm.kernels import cpu_native
 from edgellm.kernels.paged_attention import paged_attention_ref
-
-HOST = detect().host_level
-ISA_LEVELS = [lvl for lvl in LEVELS[1:] if LEVELS.index(lvl) <= LEVELS.index(HOST)]
+from tests.helpers.isa_levels import ISA_LEVELS, native_at
 
 
 @pytest.fixture(scope="module", params=ISA_LEVELS)
 def native(request):
-    module = cpu_native.load(CpuIsa(request.param, detect()))
-    assert module is not None, f"the C++ kernels did not build at level {request.param}"
-    return module
+    return native_at(request.param)
 
 
 def _tables(g: torch.Generator, nb: int, heads: list[list[int]], own: list[int], bs: int):

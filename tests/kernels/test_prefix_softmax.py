@@ -10,19 +10,14 @@ import torch
 
 from edgellm.attention.cpu import CpuAttention
 from edgellm.attention.cpu_prefix import flash, prefix_kernel, scores_softmax
-from edgellm.cpu_isa import LEVELS, CpuIsa, detect
 from edgellm.kernels import cpu_native
 from edgellm.kernels.paged_attention import paged_attention_ref
-
-HOST = detect().host_level
-ISA_LEVELS = [lvl for lvl in LEVELS[1:] if LEVELS.index(lvl) <= LEVELS.index(HOST)]
+from tests.helpers.isa_levels import ISA_LEVELS, native_at
 
 
 @pytest.fixture(scope="module", params=ISA_LEVELS)
 def native(request):
-    module = cpu_native.load(CpuIsa(request.param, detect()))
-    assert module is not None, f"the C++ kernels did not build at level {request.param}"
-    return module
+    return native_at(request.param)
 
 
 @pytest.mark.parametrize("b,m,n,d", [(3, 37, 53, 64), (2, 7, 16, 18), (1, 5, 3, 2), (2, 21, 130, 128)])

@@ -7,14 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edgellm.cpu_isa import LEVELS, CpuIsa, detect
+from edgellm.cpu_isa import CpuIsa, detect
 from edgellm.kernels.reference import int_linear_ref
 from edgellm.platform import Platform
 from edgellm.quant.linear_kernels.cpu_int import CALIBRATION_ROWS, CpuIntDotKernel, calibrate
 from edgellm.quant.schemes import Int4Codes, Int8Codes
+from tests.helpers.isa_levels import ISA_LEVELS
 
-HOST = detect().host_level
-ISA_LEVELS = [lvl for lvl in LEVELS[1:] if LEVELS.index(lvl) <= LEVELS.index(HOST)]
 NEVER = 1 << 62
 
 

@@ -11,12 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from edgellm.cpu_isa import LEVELS, CpuIsa, detect
+from edgellm.cpu_isa import CpuIsa, detect
 from edgellm.kernels import cpu_native
 from edgellm.quant.linear_kernels.cpu_int_head import IntDotLogitsHead
+from tests.helpers.isa_levels import ISA_LEVELS
 
-HOST = detect().host_level
-ISA_LEVELS = [lvl for lvl in LEVELS[1:] if LEVELS.index(lvl) <= LEVELS.index(HOST)]
 V, K = 3001, 192  # an odd vocabulary, six activation blocks
 
 

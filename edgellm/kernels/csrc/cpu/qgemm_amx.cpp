@@ -203,13 +203,6 @@ void amx_tiles(const N16Weights<S>&, int64_t, int64_t, const QActs&, int64_t, fl
 }
 #endif
 
-template void amx_tiles<4, float>(const N16Weights<float>&, int64_t, int64_t, const QActs&, int64_t, float*,
-                                  const float*);
-template void amx_tiles<4, c10::Half>(const N16Weights<c10::Half>&, int64_t, int64_t, const QActs&, int64_t, float*,
-                                      const float*);
-template void amx_tiles<8, float>(const N16Weights<float>&, int64_t, int64_t, const QActs&, int64_t, float*,
-                                  const float*);
-template void amx_tiles<8, c10::Half>(const N16Weights<c10::Half>&, int64_t, int64_t, const QActs&, int64_t, float*,
-                                      const float*);
+EDGELLM_N16_INSTANTIATE(amx_tiles)
 
 }  // namespace edgellm::cpu

@@ -52,14 +52,7 @@ void n16_tiles(const N16Weights<S>& w, int64_t t0, int64_t t1, const QActs& x, i
   }
 }
 
-template void n16_tiles<4, float>(const N16Weights<float>&, int64_t, int64_t, const QActs&, int64_t, float*,
-                                  const float*);
-template void n16_tiles<4, c10::Half>(const N16Weights<c10::Half>&, int64_t, int64_t, const QActs&, int64_t, float*,
-                                      const float*);
-template void n16_tiles<8, float>(const N16Weights<float>&, int64_t, int64_t, const QActs&, int64_t, float*,
-                                  const float*);
-template void n16_tiles<8, c10::Half>(const N16Weights<c10::Half>&, int64_t, int64_t, const QActs&, int64_t, float*,
-                                      const float*);
+EDGELLM_N16_INSTANTIATE(n16_tiles)
 namespace {
 #endif
 

@@ -49,6 +49,18 @@ template <int BITS, typename S>
 void n16_tiles(const N16Weights<S>& w, int64_t t0, int64_t t1, const QActs& x, int64_t M, float* y,
                const float* bias);
 
+// Explicit instantiations of a tile function with n16_tiles' signature for the four (bits, scale
+// type) pairs the op dispatches to; each defining file names its function once.
+#define EDGELLM_N16_INSTANTIATE(fn)                                                                      \
+  template void fn<4, float>(const N16Weights<float>&, int64_t, int64_t, const QActs&, int64_t, float*, \
+                             const float*);                                                            \
+  template void fn<4, c10::Half>(const N16Weights<c10::Half>&, int64_t, int64_t, const QActs&, int64_t, \
+                                 float*, const float*);                                                \
+  template void fn<8, float>(const N16Weights<float>&, int64_t, int64_t, const QActs&, int64_t, float*, \
+                             const float*);                                                            \
+  template void fn<8, c10::Half>(const N16Weights<c10::Half>&, int64_t, int64_t, const QActs&, int64_t, \
+                                 float*, const float*);
+
 // Which n16_tiles this build holds: "avx512-vnni", "avx-vnni" or "scalar".
 const char* n16_variant();
 
