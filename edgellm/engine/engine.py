@@ -53,12 +53,15 @@ class LLMEngine:
         measured = None
         if self.device.type == "cuda" and config.kv_cache_memory is None:
             mem = memory_profile.measure(
-                self.model,
-                config.block_size,
-                self.kv_dtype,
                 self.device,
-                min(config.max_num_batched_tokens, requested_len),
-                config.max_num_seqs,
+                lambda: memory_profile.profile_step(
+                    self.model,
+                    config.block_size,
+                    self.kv_dtype,
+                    self.device,
+                    min(config.max_num_batched_tokens, requested_len),
+                    config.max_num_seqs,
+                ),
             )
             measured = memory_profile.kv_budget(mem, config.gpu_memory_utilization)
         num_blocks, self.max_model_len = size_kv_cache(

@@ -14,6 +14,7 @@ Triton kernels of the prefill path on the way.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -78,28 +79,21 @@ def profile_step(
     return shape
 
 
-def measure(
-    model: CausalLM,
-    block_size: int,
-    kv_dtype: torch.dtype,
-    device: torch.device,
-    num_tokens: int,
-    num_logit_rows: int,
-) -> DeviceMemory:
-    """profile_step on a CUDA device, with the allocator's peak reset before it."""
+def measure(device: torch.device, step: Callable[[], object]) -> DeviceMemory:
+    """What the device says around `step()` (a profile_step with its arguments bound), run on a
+    CUDA device with the allocator's peak reset before it."""
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
-    profile_step(model, block_size, kv_dtype, device, num_tokens, num_logit_rows)
+    step()
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device)
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
     mem = DeviceMemory(total, total - free, torch.cuda.memory_reserved(device), peak)
     logger.info(
-        "memory profile: a %d-token step peaks at %.2f GiB (weights included); %.2f GiB used "
+        "memory profile: the largest step peaks at %.2f GiB (weights included); %.2f GiB used "
         "outside torch; %.1f GiB in all",
-        num_tokens,
         peak / 2**30,
         max(mem.used - mem.torch_reserved, 0) / 2**30,
         total / 2**30,

@@ -11,13 +11,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from edgellm.bench.engine_check import agreement
 from edgellm.bench.gpu_check import TARGETS, parse_sections, run_section, summary, targets
 from edgellm.bench.tiny_models import ARCHS
+from tests.helpers.json_tree import numbers
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,14 +29,6 @@ def run_check(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, 
                           cwd=ROOT, capture_output=True, text=True, env=env, timeout=600, check=False)
     out = tmp_path / "gpu_check.json"
     return proc, json.loads(out.read_text()) if out.exists() else None
-
-
-def numbers(tree: Any) -> list[float]:
-    if isinstance(tree, dict):
-        return [x for v in tree.values() for x in numbers(v)]
-    if isinstance(tree, list):
-        return [x for v in tree for x in numbers(v)]
-    return [tree] if isinstance(tree, (int, float)) and not isinstance(tree, bool) else []
 
 
 def test_dry_run_reports_every_section(tmp_path):

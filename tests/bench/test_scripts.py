@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from edgellm.bench.servers import Server, free_port
+from tests.helpers.json_tree import numbers
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py"))
@@ -46,15 +47,6 @@ def run_json(name: str, tmp_path: Path, *args: str, flag: str = "--out", timeout
     return json.loads(out.read_text())
 
 
-def positive_numbers(tree: Any) -> list[float]:
-    """Every number in a JSON tree (bools excluded)."""
-    if isinstance(tree, dict):
-        return [x for v in tree.values() for x in positive_numbers(v)]
-    if isinstance(tree, list):
-        return [x for v in tree for x in positive_numbers(v)]
-    return [tree] if isinstance(tree, (int, float)) and not isinstance(tree, bool) else []
-
-
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_help(name):
     proc = run_script(name, "--help", timeout=120)
@@ -64,13 +56,13 @@ def test_help(name):
 # ------------------------------------------------------------------------------ quick modes
 def quick_cpu_int_dot(tmp_path):
     r = run_json("cpu_int_dot", tmp_path, "--rows", "1", "--layers", "1")
-    assert r["ms_per_layer"] and all(x > 0 for x in positive_numbers(r["ms_per_layer"]))
+    assert r["ms_per_layer"] and all(x > 0 for x in numbers(r["ms_per_layer"]))
 
 
 def quick_gguf_kquant_decode(tmp_path):
     r = run_json("gguf_kquant_decode", tmp_path, "--rows", "1", "--layers", "1")
     assert set(r["ms_per_layer"]["1"]) >= {"Q4_0", "Q4_K", "Q6_K"}
-    assert all(x > 0 for x in positive_numbers(r["ms_per_layer"]))
+    assert all(x > 0 for x in numbers(r["ms_per_layer"]))
 
 
 def quick_kv_events_overhead(tmp_path):
@@ -98,12 +90,12 @@ def quick_structured_outputs(tmp_path):
 
 def quick_offline_throughput(tmp_path):
     r = run_json("offline_throughput", tmp_path, "--new-tokens", "2", "--repeats", "1")
-    assert r["machine"]["cpu"] and positive_numbers(r)
+    assert r["machine"]["cpu"] and numbers(r)
 
 
 def quick_cpu_quant_accuracy(tmp_path):
     r = run_json("cpu_quant_accuracy", tmp_path, "--chunks", "1", "--chunk-tokens", "16")
-    assert r["machine"]["cpu"] and positive_numbers(r)
+    assert r["machine"]["cpu"] and numbers(r)
 
 
 def quick_cpu_quant_decode(tmp_path):
