@@ -3,7 +3,7 @@ cascade prefill (edgellm/attention/cpu.py). Two ways, returning (output, logsume
 
 - "flash": torch's CPU flash-attention op in the prefill dtype;
 - "scores": the scores from the C++ bf16 product into fp32 and their softmax numerators in bf16
-  (kernels/csrc/cpu/scores_bf16.cpp, one vdpbf16ps per two dims of 16 keys), then numerators x
+  (kernels/csrc/cpu/prefix_softmax.cpp, one vdpbf16ps per two dims of 16 keys), then numerators x
   values as a bf16 matmul (oneDNN). Where the CPU has AVX512-BF16 but no AMX, torch's bf16 flash
   runs at fp32 speed while these two products use the bf16 dot units.
 

@@ -1,4 +1,4 @@
-"""Prefix attention from bf16 operands (edgellm/kernels/csrc/cpu/scores_bf16.cpp and
+"""Prefix attention from bf16 operands (edgellm/kernels/csrc/cpu/prefix_softmax.cpp and
 edgellm/attention/cpu_prefix.py): the C++ scores and softmax numerators at every ISA level this CPU
 can run against a float64 reference on fresh random data at odd shapes, and the "scores" prefix
 kernel inside cascade prefill against the fp32 reference, as close as the bf16 flash kernel."""

@@ -7,10 +7,10 @@
 #include "decode_layers.h"
 #include "logits_head.h"
 #include "norm.h"
+#include "prefix_softmax.h"
 #include "qgemm.h"
 #include "qgemm_n16.h"
 #include "rotary.h"
-#include "scores_bf16.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", torch::wrap_pybind_function(edgellm::cpu::decode_attention), "decode_attention");

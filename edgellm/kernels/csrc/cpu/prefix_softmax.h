@@ -1,5 +1,5 @@
 // Attention over a shared prefix from bf16 queries and keys: fp32 scores, their softmax numerators
-// in bf16 for the product with the values (scores_bf16.cpp).
+// in bf16 for the product with the values (prefix_softmax.cpp).
 #pragma once
 
 #include <ATen/core/Tensor.h>

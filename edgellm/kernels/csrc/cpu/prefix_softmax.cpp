@@ -1,5 +1,5 @@
 // The scores of bf16 queries against bf16 keys in fp32, and their softmax numerators (the contract:
-// scores_bf16.h), for prefill attention over a cached prefix on CPUs with AVX512-BF16 and no AMX.
+// prefix_softmax.h), for prefill attention over a cached prefix on CPUs with AVX512-BF16 and no AMX.
 //
 // k is repacked per call into pairs of dims for 16 keys at a time, kp[b][d / 2][n] = the 32 bits
 // of (k[b][n][d], k[b][n][d + 1]), keys past N zero: one vdpbf16ps then takes the two dims of 16
@@ -8,7 +8,7 @@
 // A task's 16 rows of scores go to a buffer of the thread's, and each row's max, exp (vec.h's
 // exp_shifted_sum) and bf16 rounding happen while the row is in cache. Without AVX512-BF16: the
 // same sums in scalar fp32 code.
-#include "scores_bf16.h"
+#include "prefix_softmax.h"
 
 #include "vec.h"
 
