@@ -275,9 +275,11 @@ def _layer_output(out: Any) -> torch.Tensor:
 class LayerwiseRunner:
     """Replays the calibration set through one decoder layer at a time.
 
-    Each layer's keyword arguments (attention mask, rotary tables, ...) are recorded from one run
-    of the float model per batch, as that layer received them: layers of different kinds
-    (Gemma 3's and EXAONE 4's sliding-window and global layers) take different ones."""
+    Each layer's keyword arguments (attention mask, rotary tables, ...) are recorded as that layer
+    received them, from one run of the float model per batch shape (they depend on the shape, not
+    on the tokens: no padding mask is passed); layers of different kinds (Gemma 3's and EXAONE
+    4's sliding-window and global layers) take different ones. Other batches of a shape already
+    seen stop at the first layer, whose input is all they add."""
 
     def __init__(self, model: nn.Module, samples: list[list[int]], batch_size: int = 8) -> None:
         self.model = model
@@ -294,6 +296,8 @@ class LayerwiseRunner:
                 hidden = args[0] if args else kwargs.pop("hidden_states")
                 if index == 0:
                     captured["hidden"] = hidden
+                    if captured["known"]:
+                        raise _StopForward
                 captured["kwargs"].append(kwargs)
                 if index == last:
                     raise _StopForward
@@ -306,16 +310,18 @@ class LayerwiseRunner:
         ]
         try:
             batches = [samples[i : i + batch_size] for i in range(0, len(samples), batch_size)]
+            by_shape: dict[tuple[int, ...], list[dict[str, Any]]] = {}
             for batch in tqdm(batches, desc="calibration: embed", leave=False):
                 ids = torch.tensor(batch, dtype=torch.long)
-                captured["kwargs"] = []
+                shape = tuple(ids.shape)
+                captured["kwargs"], captured["known"] = [], shape in by_shape
                 try:
                     with torch.no_grad():
                         model(input_ids=ids, use_cache=False)
                 except _StopForward:
                     pass
                 self.hidden.append(captured["hidden"].detach())
-                self.kwargs.append(captured["kwargs"])
+                self.kwargs.append(by_shape.setdefault(shape, captured["kwargs"]))
         finally:
             for h in handles:
                 h.remove()

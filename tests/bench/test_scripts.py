@@ -140,7 +140,8 @@ def quick_router_scaleout(tmp_path):
 
 def quick_guidellm_check(tmp_path):
     if shutil.which("guidellm", path=str(Path(sys.executable).parent)) is None:
-        pytest.skip("GuideLLM is not installed")
+        # an optional tool, not in the dev extra (`pip install guidellm` brings its own stack)
+        pytest.skip("GuideLLM is not installed (optional: pip install guidellm)")
     r = run_json("guidellm_check", tmp_path, "--requests", "2", "--concurrency", "1", "--rounds", "1",
                  "--input-len", "16", "--output-len", "4")
     assert r["comparison"]
@@ -150,7 +151,8 @@ def quick_llama_cpp_greedy(tmp_path):
     from edgellm.bench.llama_cpp import find_llama_server
 
     if find_llama_server(None) is None:
-        pytest.skip("no llama-server build here (benchmarks/build_llama_server.sh)")
+        # a C++ build of llama.cpp (about 15 min on 2 cores) that CI does not make
+        pytest.skip("no llama-server build here (make one with benchmarks/build_llama_server.sh)")
     r = run_json("llama_cpp_greedy", tmp_path, "--tokens", "2")
     assert r["machine"]["cpu"]
 

@@ -272,14 +272,14 @@ def test_layerwise_replay_and_smoothing_keep_the_function_of_2026_layouts(tiny_d
 
     src, _ = tiny_dir(arch)
     model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32).eval()
-    ids = torch.randint(0, 320, (2, 40), generator=torch.Generator().manual_seed(1))  # > the window (24)
+    ids = torch.randint(0, 320, (4, 40), generator=torch.Generator().manual_seed(1))  # > the window (24)
     final: list[torch.Tensor] = []
     with torch.no_grad(), input_hooks({"norm": model.model.norm}, lambda _, x: final.append(x)):
         before = model(ids).logits
-    runner = LayerwiseRunner(model, ids.tolist(), batch_size=2)
+    runner = LayerwiseRunner(model, ids.tolist(), batch_size=2)  # the second batch reuses the kwargs
     for i in range(len(runner.layers)):
         runner.forward(i, advance=True)
-    torch.testing.assert_close(runner.hidden[0], final[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.cat(runner.hidden), final[0], rtol=1e-5, atol=1e-5)
     runner = LayerwiseRunner(model, ids.tolist(), batch_size=2)
     folded = []
     for i in range(len(runner.layers)):

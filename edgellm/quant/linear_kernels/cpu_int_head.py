@@ -109,6 +109,9 @@ class IntDotLogitsHead(CpuFastLogitsHead):
         """approximate() and the fp32 recheck of the window's tokens, in one C++ call
         (edgellm/kernels/csrc/cpu/logits_head.cpp; a row over MAX_CANDIDATES is recomputed
         whole)."""
+        return self._argmax_logits(x, _NO_MASK)
+
+    def _argmax_logits(self, x: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
         return self.native.int8_argmax_logits(
             x.contiguous(),
             self.codes,
@@ -118,7 +121,7 @@ class IntDotLogitsHead(CpuFastLogitsHead):
             self.err_ms,
             self.SIGMAS,
             self.MAX_CANDIDATES,
-            _NO_MASK,
+            bitmask,
             self.amx_rows,
         )
 
@@ -126,18 +129,7 @@ class IntDotLogitsHead(CpuFastLogitsHead):
         """Logits [M, V] for greedy rows under a grammar, bitmask int32 [M, ceil(V / 32)] (bit j of
         word i: token 32 i + j, set = allowed; xgrammar's layout): as masked_ref, in one C++ call
         that reads the bitmask words as they are."""
-        return self.native.int8_argmax_logits(
-            x.contiguous(),
-            self.codes,
-            self.scale,
-            self.weight,
-            self.w_ms,
-            self.err_ms,
-            self.SIGMAS,
-            self.MAX_CANDIDATES,
-            bitmask.to(torch.int32).contiguous(),
-            self.amx_rows,
-        )
+        return self._argmax_logits(x, bitmask.to(torch.int32).contiguous())
 
     def masked_ref(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
         """Logits [M, V] for greedy rows under a grammar: -inf where allowed [M, V] (bool) is False,

@@ -1,7 +1,7 @@
 // Integer-dot matmuls over the n16 layout (the contract: qgemm_n16.h): the op, its checks and the
 // split of the tiles over torch's threads. The tiles themselves run in the widest vpdpbusd the
 // build has: qgemm_n16_zmm.cpp (AVX-512 VNNI), qgemm_n16_ymm.cpp (AVX-VNNI, 256 bits), AMX tiles
-// for many rows (qgemm_amx.cpp); without VNNI, the scalar statement of the sums below.
+// for many rows (qgemm_amx.cpp); without VNNI, qgemm_n16_scalar.cpp (the sums' scalar statement).
 #include "qgemm_n16.h"
 
 #include <ATen/Parallel.h>
@@ -12,49 +12,6 @@
 
 namespace edgellm::cpu {
 namespace {
-
-inline float scalar_of(float v) { return v; }
-inline float scalar_of(c10::Half v) { return static_cast<float>(v); }
-
-#if !defined(__AVX512VNNI__) && !defined(__AVXVNNI__)  // else qgemm_n16_zmm.cpp / qgemm_n16_ymm.cpp
-// code of output 16 t + n, column 32 b + k (the layout's statement, read back)
-template <int BITS>
-inline int32_t code_at(const uint8_t* block, int64_t n, int64_t k) {
-  const int64_t e = (k / 4) * 64 + n * 4 + k % 4;
-  if constexpr (BITS == 4) return e < 256 ? (block[e] & 15) : (block[e - 256] >> 4);
-  return static_cast<int32_t>(block[e]) - 128;
-}
-
-}  // namespace
-
-template <int BITS, typename S>
-void n16_tiles(const N16Weights<S>& w, int64_t t0, int64_t t1, const QActs& x, int64_t M, float* y, const float* bias) {
-  for (int64_t t = t0; t < t1; ++t) {
-    const int64_t valid = std::min<int64_t>(N16, w.N - t * N16);
-    for (int64_t n = 0; n < valid; ++n) {
-      for (int64_t m = 0; m < M; ++m) {
-        const int8_t* a = x.a + m * x.K;
-        float acc = 0.f;
-        for (int64_t b = 0; b < w.nb; ++b) {
-          const uint8_t* block = w.q + t * w.tile_bytes() + b * w.block_bytes;
-          int32_t dot[2] = {0, 0};
-          for (int64_t k = 0; k < QB; ++k) dot[k / 16] += code_at<BITS>(block, n, k) * a[b * QB + k];
-          const S* s = w.scale + t * w.G * N16;
-          const float s_lo = scalar_of(s[(w.bpg ? b / w.bpg : 2 * b) * N16 + n]);
-          const float s_hi = w.bpg ? s_lo : scalar_of(s[(2 * b + 1) * N16 + n]);
-          acc += (static_cast<float>(dot[0]) * s_lo + static_cast<float>(dot[1]) * s_hi) * x.d[m * x.nb + b];
-        }
-        if (w.offset != nullptr)
-          for (int64_t g = 0; g < w.G; ++g) acc += scalar_of(w.offset[(t * w.G + g) * N16 + n]) * x.dsum[m * x.G + g];
-        y[m * w.N + t * N16 + n] = acc + (bias != nullptr ? bias[t * N16 + n] : 0.f);
-      }
-    }
-  }
-}
-
-EDGELLM_N16_INSTANTIATE(n16_tiles)
-namespace {
-#endif
 
 template <int BITS, typename S>
 void run(const N16Weights<S>& w, const QActs& x, int64_t M, float* y, const float* bias, bool amx) {

@@ -43,8 +43,8 @@ at::Tensor int_linear_n16_op(const at::Tensor& x, const at::Tensor& qweight, con
                              int64_t n, int64_t amx_rows);
 
 // Outputs y[m, 16 t + n] (+ bias) for tiles [t0, t1) and all M rows, by vpdpbusd where the build
-// has it (one definition per build: qgemm_n16_zmm.cpp, qgemm_n16_ymm.cpp, else the scalar one in
-// qgemm_n16.cpp).
+// has it (one definition per build: qgemm_n16_zmm.cpp, qgemm_n16_ymm.cpp, else
+// qgemm_n16_scalar.cpp).
 template <int BITS, typename S>
 void n16_tiles(const N16Weights<S>& w, int64_t t0, int64_t t1, const QActs& x, int64_t M, float* y,
                const float* bias);
