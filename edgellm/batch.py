@@ -27,6 +27,9 @@ class AttentionMetadata:
     # what every layer's attention would otherwise rebuild (masks, gather indices), filled by the
     # first layer that needs it
     step_cache: dict = field(default_factory=dict)
+    # the sliding-window layers' own view (slots and tables in their pool, engine/window_blocks.py)
+    # when the model keeps them apart; None: every layer reads the fields above
+    window: AttentionMetadata | None = None
 
 
 @dataclass

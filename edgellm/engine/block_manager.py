@@ -11,6 +11,11 @@ With record_events, every change to the prefix cache is recorded as a KV-cache e
 (engine/kv_events.py): BlockStored when full blocks get their hash, BlockRemoved when a cached
 block is evicted or uncached, AllBlocksCleared when a reset empties the cache. The engine takes
 them once per step (take_events) for its publisher.
+
+A manager serves one of a sequence's page tables (`group`: Sequence.block_tables). The
+sliding-window pool of a model that mixes window and global layers (engine/window_blocks.py) is a
+second manager over table 1, whose leading pages, once out of every window, are released
+(release_before) and read FREED.
 """
 
 from __future__ import annotations
@@ -23,9 +28,9 @@ from collections.abc import Sequence as Seq
 from edgellm.engine.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
-    BlockStored,
     KVCacheEvent,
     external_hash,
+    stored_events,
 )
 from edgellm.engine.sequence import Sequence
 
@@ -36,6 +41,9 @@ def block_hash(parent: bytes | None, tokens: Seq[int], extra: bytes = b"") -> by
     h.update(array("q", tokens).tobytes())
     h.update(extra)
     return h.digest()
+
+
+FREED = -1  # a table entry whose page was released: out of every window, never read again
 
 
 class Block:
@@ -54,9 +62,11 @@ class BlockManager:
         block_size: int,
         enable_prefix_caching: bool = True,
         record_events: bool = False,
+        group: int = 0,
     ) -> None:
         if num_blocks < 1:
             raise ValueError("the KV cache needs at least one block")
+        self.group = group  # which of Sequence.block_tables this manager fills
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
@@ -90,8 +100,14 @@ class BlockManager:
 
     @property
     def num_held_blocks(self) -> int:
-        """Blocks with a live reference (what a leak check counts)."""
+        """Blocks with a live reference."""
         return self.num_blocks - self.num_free_blocks
+
+    @property
+    def num_held_pages(self) -> int:
+        """Pages with a live reference in every pool this manager runs (what a leak check
+        counts)."""
+        return self.num_held_blocks
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -112,25 +128,29 @@ class BlockManager:
         The last token is always recomputed (its logits are needed), so at most
         (num_tokens - 1) // block_size blocks are reused.
         """
-        assert not seq.block_table, "allocate_prefix on a sequence that holds blocks"
+        assert not seq.block_tables[self.group], "allocate_prefix on a sequence that holds blocks"
         if not self.enable_prefix_caching or seq.want_prompt_logits:
             return 0
         max_blocks = (seq.num_tokens - 1) // self.block_size
-        hits: list[int] = []
+        hits: list[bytes] = []
         for h in self._hashes(seq, max_blocks, extra):
-            block_id = self.cached.get(h)
-            if block_id is None:
+            if h not in self.cached:
                 break
-            hits.append(block_id)
+            hits.append(h)
         self.prefix_queries += seq.num_tokens
         self.prefix_hits += len(hits) * self.block_size
-        for block_id in hits:
-            block = self.blocks[block_id]
-            if block.ref_count == 0:
-                del self.free_queue[block_id]
-            block.ref_count += 1
-        seq.block_table = hits
+        seq.block_tables[self.group] = [self.take_cached(h) for h in hits]
         return len(hits) * self.block_size
+
+    def take_cached(self, digest: bytes) -> int:
+        """A reference to the cached block of this hash (taken off the free list if it sat
+        there)."""
+        block_id = self.cached[digest]
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self.free_queue[block_id]
+        block.ref_count += 1
+        return block_id
 
     def can_allocate_prefix(self, seq: Sequence, num_new_tokens: int, extra: bytes = b"") -> bool:
         """Would admitting `seq` with `num_new_tokens` this step fit, counting cache hits?"""
@@ -158,14 +178,34 @@ class BlockManager:
 
     def ensure_slots(self, seq: Sequence, num_total_tokens: int) -> bool:
         """Grow the block table to hold `num_total_tokens`; False (and no change) if it cannot."""
-        need = self.blocks_needed(num_total_tokens) - len(seq.block_table)
+        table = seq.block_tables[self.group]
+        need = self.blocks_needed(num_total_tokens) - len(table)
         if need <= 0:
             return True
         if need > self.num_free_blocks:
             return False
         for _ in range(need):
-            seq.block_table.append(self._take_free())
+            table.append(self._take_free())
         return True
+
+    def release_before(self, seq: Sequence, num_blocks: int) -> None:
+        """Release the sequence's first `num_blocks` pages (no later query reads them); their
+        entries read FREED. Released pages keep their hash, like freed ones. FREED entries always
+        lead the table, so this walks back only over the pages it releases."""
+        table = seq.block_tables[self.group]
+        for j in range(min(num_blocks, len(table)) - 1, -1, -1):
+            block_id = table[j]
+            if block_id == FREED:
+                break
+            self._unref(block_id)
+            table[j] = FREED
+
+    def _unref(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        assert block.ref_count >= 0, f"block {block_id} freed twice"
+        if block.ref_count == 0:
+            self.free_queue[block_id] = None  # most recently used: evicted last
 
     def _take_free(self) -> int:
         block_id, _ = self.free_queue.popitem(last=False)
@@ -184,11 +224,14 @@ class BlockManager:
         """Register the hashes of blocks whose tokens now all have KV in the cache."""
         if not self.enable_prefix_caching or seq.want_prompt_logits:
             return
-        num_full = min(num_computed_tokens // self.block_size, len(seq.block_table))
+        table = seq.block_tables[self.group]
+        num_full = min(num_computed_tokens // self.block_size, len(table))
         hashes = self._hashes(seq, num_full, extra)
         stored: list[int] = []
         for i in range(num_full):
-            block = self.blocks[seq.block_table[i]]
+            if table[i] == FREED:
+                continue  # released: hashed before it left the window
+            block = self.blocks[table[i]]
             if block.hash is not None:
                 continue
             h = hashes[i]
@@ -198,50 +241,31 @@ class BlockManager:
             self.cached[h] = block.block_id
             stored.append(i)
         if stored and self.events is not None:
-            self._record_stored(self.events, seq, hashes, stored)
-
-    def _record_stored(
-        self, events: list[KVCacheEvent], seq: Sequence, hashes: list[bytes], indices: list[int]
-    ) -> None:
-        """One BlockStored per run of consecutive newly cached blocks, chained to its parent."""
-        bs = self.block_size
-        runs: list[list[int]] = []
-        for i in indices:
-            if runs and runs[-1][-1] == i - 1:
-                runs[-1].append(i)
-            else:
-                runs.append([i])
-        for run in runs:
-            first, last = run[0], run[-1]
-            parent = external_hash(hashes[first - 1]) if first > 0 else None
-            events.append(
-                BlockStored(
-                    [external_hash(hashes[i]) for i in run],
-                    parent,
-                    list(seq.token_ids[first * bs : (last + 1) * bs]),
-                    bs,
-                )
-            )
+            self.events.extend(stored_events(hashes, stored, seq.token_ids, self.block_size))
 
     def free(self, seq: Sequence) -> None:
-        for block_id in reversed(seq.block_table):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            assert block.ref_count >= 0, f"block {block_id} freed twice"
-            if block.ref_count == 0:
-                self.free_queue[block_id] = None  # most recently used: evicted last
-        seq.block_table = []
+        for block_id in reversed(seq.block_tables[self.group]):
+            if block_id == FREED:
+                break  # FREED entries lead the table: nothing before this one is held
+            self._unref(block_id)
+        seq.block_tables[self.group] = []
 
     def exclusive_blocks(self, seq: Sequence) -> list[int]:
         """The blocks only this sequence holds (freed with it)."""
-        return [b for b in seq.block_table if self.blocks[b].ref_count == 1]
+        return [
+            b for b in seq.block_tables[self.group] if b != FREED and self.blocks[b].ref_count == 1
+        ]
+
+    def exclusive_window_blocks(self, seq: Sequence) -> list[int]:
+        """The sliding-window pool's blocks only this sequence holds; none here (one pool)."""
+        return []
 
     def uncache(self, seq: Sequence) -> None:
         """Take the blocks only this sequence holds out of the prefix cache (their KV is
         suspect)."""
-        for block_id in seq.block_table:
+        for block_id in self.exclusive_blocks(seq):
             block = self.blocks[block_id]
-            if block.ref_count == 1 and block.hash is not None:
+            if block.hash is not None:
                 if self.cached.get(block.hash) == block_id:
                     del self.cached[block.hash]
                     self._removed(block.hash)

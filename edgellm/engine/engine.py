@@ -1,9 +1,9 @@
 """LLMEngine: requests in, one scheduled forward pass per step, outputs out.
 
 Construction: the checkpoint, tokenizer and model (engine/loading.py), the KV cache sized by its
-byte budget (engine/kv_sizing.py; on CUDA the budget --gpu-memory-utilization leaves after a
-memory profile, engine/memory_profile.py), then the block manager, scheduler, grammar service
-and runner.
+byte budget, in one pool or two (engine/kv_layout.py, engine/kv_sizing.py; on CUDA the budget
+--gpu-memory-utilization leaves after a memory profile, engine/memory_profile.py), then the block
+manager, scheduler, grammar service and runner.
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ import torch
 
 from edgellm.config import EngineConfig
 from edgellm.engine import memory_profile
-from edgellm.engine.block_manager import BlockManager
+from edgellm.engine.kv_layout import make_block_manager, plan_kv_cache
 from edgellm.engine.kv_publisher import make_publisher
-from edgellm.engine.kv_sizing import size_kv_cache
 from edgellm.engine.loading import load
 from edgellm.engine.output import (
     CompletionOutput,
@@ -29,7 +28,7 @@ from edgellm.engine.output import (
     TextState,
     check_finish,
 )
-from edgellm.engine.runner import ModelRunner, kv_cache_bytes_per_block
+from edgellm.engine.runner import ModelRunner
 from edgellm.engine.scheduler import Scheduler
 from edgellm.engine.sequence import FinishReason, Sequence, Status
 from edgellm.sampling import GrammarMasks, Sampler, SamplingParams
@@ -64,22 +63,13 @@ class LLMEngine:
                 ),
             )
             measured = memory_profile.kv_budget(mem, config.gpu_memory_utilization)
-        num_blocks, self.max_model_len = size_kv_cache(
-            kv_cache_bytes_per_block(self.model, config.block_size, self.kv_dtype),
-            config,
-            self.device,
-            self.kv_dtype,
-            requested_len,
-            measured,
+        layout = plan_kv_cache(
+            self.model, config, self.device, self.kv_dtype, requested_len, measured
         )
+        self.max_model_len = layout.max_model_len
         # KV-cache events: recorded by the block manager, published off this thread
         self.kv_publisher = make_publisher(config.kv_events)
-        self.block_manager = BlockManager(
-            num_blocks,
-            config.block_size,
-            config.enable_prefix_caching,
-            record_events=self.kv_publisher is not None,
-        )
+        self.block_manager = make_block_manager(layout, config, self.kv_publisher is not None)
         self.scheduler = Scheduler(
             self.block_manager,
             config.max_num_seqs,
@@ -97,7 +87,13 @@ class LLMEngine:
         # is (add_request makes them with self.grammars.matcher)
         masks = cast("GrammarMasks | None", self.grammars)
         self.runner = ModelRunner(
-            self.model, num_blocks, config.block_size, self.kv_dtype, self.device, Sampler(masks)
+            self.model,
+            layout.num_blocks,
+            config.block_size,
+            self.kv_dtype,
+            self.device,
+            Sampler(masks),
+            layout.num_window_blocks,
         )
         if self.kv_dtype == torch.float8_e4m3fn:
             given = sum(attn.scales_known for attn in self.model.attention_layers())
@@ -247,7 +243,8 @@ class LLMEngine:
                 # its KV may hold NaN: keep it out of the prefix cache and out of the next owner's
                 # way
                 self.block_manager.uncache(seq)
-                self.runner.zero_blocks(self.block_manager.exclusive_blocks(seq))
+                bm = self.block_manager
+                self.runner.zero_blocks(bm.exclusive_blocks(seq), bm.exclusive_window_blocks(seq))
                 outputs.extend(self.fail_requests([seq.request_id], error))
                 continue
             chunk_logits = result.prompt_logits.get(seq.request_id)

@@ -25,6 +25,7 @@ produced here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 MEDIUM = "GPU"
@@ -83,3 +84,29 @@ def encode_batch(ts: float, events: list[KVCacheEvent], data_parallel_rank: int 
     return msgpack.packb(
         [float(ts), [_wire(e) for e in events], data_parallel_rank], use_bin_type=True
     )
+
+
+def stored_events(
+    hashes: Sequence[bytes], indices: list[int], token_ids: Sequence[int], block_size: int
+) -> list[BlockStored]:
+    """One BlockStored per run of consecutive newly cached blocks (`indices` into a sequence's
+    chain of block `hashes`), chained to its parent."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and runs[-1][-1] == i - 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    events = []
+    for run in runs:
+        first, last = run[0], run[-1]
+        parent = external_hash(hashes[first - 1]) if first > 0 else None
+        events.append(
+            BlockStored(
+                [external_hash(hashes[i]) for i in run],
+                parent,
+                list(token_ids[first * block_size : (last + 1) * block_size]),
+                block_size,
+            )
+        )
+    return events

@@ -34,6 +34,21 @@ def available_memory(device: torch.device) -> int:
     return 4 << 30
 
 
+def cache_budget(
+    config: EngineConfig, device: torch.device, measured_budget: int | None = None
+) -> int:
+    """The cache's bytes: kv_cache_memory, else `measured_budget` (CUDA:
+    edgellm/engine/memory_profile.py), else the fraction above."""
+    if config.kv_cache_memory is not None:
+        return config.kv_cache_memory
+    if measured_budget is not None:
+        return measured_budget
+    budget = int(available_memory(device) * config.kv_cache_memory_fraction)
+    if device.type == "cpu":
+        budget = min(budget, CPU_DEFAULT_KV_CAP)
+    return budget
+
+
 def size_kv_cache(
     per_block: int,
     config: EngineConfig,
@@ -41,21 +56,14 @@ def size_kv_cache(
     kv_dtype: torch.dtype,
     requested_len: int,
     measured_budget: int | None = None,
+    reserved: int = 0,
 ) -> tuple[int, int]:
-    """(num_blocks, max_model_len) for blocks of `per_block` bytes. The budget: kv_cache_memory,
-    else `measured_budget` (CUDA: edgellm/engine/memory_profile.py), else the fraction above.
-    max_model_len is `requested_len`, capped (with a warning) by what the cache holds when the
-    user did not ask for it; a ValueError when the budget holds no block, or less than an
-    explicit max_model_len."""
-    if config.kv_cache_memory is not None:
-        budget = config.kv_cache_memory
-    elif measured_budget is not None:
-        budget = measured_budget
-    else:
-        budget = int(available_memory(device) * config.kv_cache_memory_fraction)
-        if device.type == "cpu":
-            budget = min(budget, CPU_DEFAULT_KV_CAP)
-    num_blocks = budget // per_block
+    """(num_blocks, max_model_len) for blocks of `per_block` bytes, from cache_budget() less
+    `reserved` bytes (the sliding-window layers' own pool, engine/kv_layout.py). max_model_len is
+    `requested_len`, capped (with a warning) by what the cache holds when the user did not ask for
+    it; a ValueError when the budget holds no block, or less than an explicit max_model_len."""
+    budget = cache_budget(config, device, measured_budget) - reserved
+    num_blocks = max(budget, 0) // per_block
     capacity = num_blocks * config.block_size
     if num_blocks < 1:
         raise ValueError(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import cast
 
 import torch
@@ -18,10 +18,14 @@ from edgellm.sampling import Sampler, SampleResult
 logger = logging.getLogger(__name__)
 
 
-def kv_cache_bytes_per_block(model: CausalLM, block_size: int, dtype: torch.dtype) -> int:
+def kv_cache_bytes_per_block(
+    model: CausalLM, block_size: int, dtype: torch.dtype, num_layers: int | None = None
+) -> int:
+    """Bytes of one block of K and V over `num_layers` layers (default: all)."""
     cfg = model.config
     elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * elem
+    layers = cfg.num_layers if num_layers is None else num_layers
+    return 2 * layers * block_size * cfg.num_kv_heads * cfg.head_dim * elem
 
 
 @dataclass
@@ -56,27 +60,34 @@ class ModelRunner:
         kv_dtype: torch.dtype,
         device: torch.device | str = "cpu",
         sampler: Sampler | None = None,
+        window_blocks: int | None = None,
     ) -> None:
+        """window_blocks: the sliding-window layers' own pool (engine/window_blocks.py) of this
+        many blocks, filled from Sequence.window_table; None: every layer uses block_table."""
         self.model = model
         self.block_size = block_size
         self.device = torch.device(device)
         cfg = model.config
         self.kv_caches = []
+        self.windowed: list[bool] = []  # per layer: its cache is the window pool's
         # One block past the allocator's range stays zero: block tables are padded with it, so a
         # batched read past a sequence's end (masked, but 0 x NaN is NaN) never sees another
         # request's KV.
         self.null_block = num_blocks
+        self.window_null = window_blocks  # the window pool's zero block (FREED entries read it)
         for layer in model.model.layers:
+            sa = cast(DecoderLayer, layer).self_attn  # an nn.ModuleList's items are typed Module
+            windowed = window_blocks is not None and sa.attn.sliding_window is not None
+            pages = window_blocks if window_blocks is not None and windowed else num_blocks
             cache = torch.zeros(
                 2,
-                num_blocks + 1,
+                pages + 1,
                 block_size,
                 cfg.num_kv_heads,
                 cfg.head_dim,
                 dtype=kv_dtype,
                 device=self.device,
             )
-            sa = cast(DecoderLayer, layer).self_attn  # an nn.ModuleList's items are typed Module
             k_scale, v_scale = float(sa.get_buffer("k_scale")), float(sa.get_buffer("v_scale"))
             given = (
                 kv_dtype == torch.float8_e4m3fn
@@ -85,6 +96,7 @@ class ModelRunner:
             )  # NaN: the checkpoint gave none
             sa.attn.bind_cache(cache, k_scale if given else None, v_scale if given else None)
             self.kv_caches.append(cache)
+            self.windowed.append(windowed)
         self.sampler = sampler or Sampler()
         self.needs_seq_lens = model.model.rotary.long_threshold is not None
 
@@ -94,6 +106,7 @@ class ModelRunner:
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
+        window_slots: list[int] = []
         seq_lens: list[int] = []
         qsl = [0]
         logits_rows: list[int] = []
@@ -107,6 +120,9 @@ class ModelRunner:
             input_ids.extend(seq.token_ids[start:end])
             positions.extend(range(start, end))
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            if self.window_null is not None:
+                wt = seq.window_table
+                window_slots.extend(wt[p // bs] * bs + p % bs for p in range(start, end))
             seq_lens.append(end)
             qsl.append(qsl[-1] + n)
             if self.needs_seq_lens:
@@ -119,15 +135,10 @@ class ModelRunner:
                 rows_per_seq.append(1)
             else:
                 rows_per_seq.append(0)
-        max_blocks = max(len(item.seq.block_table) for item in sched.scheduled)
-        tables = torch.full((len(sched.scheduled), max_blocks), self.null_block, dtype=torch.int32)
-        for i, item in enumerate(sched.scheduled):
-            t = item.seq.block_table
-            tables[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
         dev = self.device
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            block_tables=tables.to(dev),
+            block_tables=self._tables(sched, 0, self.null_block).to(dev),
             seq_lens=seq_lens,
             query_start_loc=qsl,
             num_decodes=sched.num_decodes,
@@ -136,6 +147,13 @@ class ModelRunner:
             max_query_len=max(item.num_new_tokens for item in sched.scheduled),
             max_seq_len=max(seq_lens),
         )
+        if self.window_null is not None:
+            meta.window = replace(
+                meta,
+                slot_mapping=torch.tensor(window_slots, dtype=torch.int64, device=dev),
+                block_tables=self._tables(sched, 1, self.window_null).to(dev),
+                step_cache={},
+            )
         batch = ForwardBatch(
             input_ids=torch.tensor(input_ids, dtype=torch.int64, device=dev),
             positions=torch.tensor(positions, dtype=torch.int64, device=dev),
@@ -147,15 +165,25 @@ class ModelRunner:
         )
         return batch, rows_per_seq
 
+    @staticmethod
+    def _tables(sched: SchedulerOutput, group: int, null: int) -> torch.Tensor:
+        """[B, max blocks] int32 of one pool's tables; padding and FREED entries read `null`."""
+        rows = [item.seq.block_tables[group] for item in sched.scheduled]
+        tables = torch.full((len(rows), max(map(len, rows))), null, dtype=torch.int32)
+        for i, t in enumerate(rows):
+            tables[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
+        if group:
+            tables.masked_fill_(tables < 0, null)
+        return tables
+
     @torch.inference_mode()
-    def zero_blocks(self, block_ids: list[int]) -> None:
+    def zero_blocks(self, block_ids: list[int], window_ids: list[int] | None = None) -> None:
         """Clear these blocks' K and V (a failed request's NaN must not outlive it in a reused
-        block)."""
-        if not block_ids:
-            return
-        idx = torch.tensor(block_ids, dtype=torch.int64, device=self.device)
-        for cache in self.kv_caches:
-            cache.index_fill_(1, idx, 0)
+        block); window_ids: the window pool's."""
+        for cache, windowed in zip(self.kv_caches, self.windowed):
+            ids = (window_ids or []) if windowed else block_ids
+            if ids:
+                cache.index_fill_(1, torch.tensor(ids, dtype=torch.int64, device=self.device), 0)
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> StepResult:

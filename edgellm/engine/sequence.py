@@ -58,7 +58,10 @@ class Sequence:
         self.status = Status.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache (first admission)
-        self.block_table: list[int] = []
+        # one page table per KV pool: [0] the pages of every layer (of the global layers when the
+        # model mixes sliding-window and global layers), [1] the sliding-window layers' own pool
+        # (engine/window_blocks.py), where pages out of every window are released as FREED
+        self.block_tables: list[list[int]] = [[], []]
         self.num_preemptions = 0
         self.finish_reason: FinishReason | None = None
         self.error: str | None = None
@@ -72,6 +75,22 @@ class Sequence:
         self.prompt_logits: list[torch.Tensor] = []
         self.timing = Timing()
         self.grammar: Any = None  # structured outputs: a structured.grammar.Matcher
+
+    @property
+    def block_table(self) -> list[int]:
+        return self.block_tables[0]
+
+    @block_table.setter
+    def block_table(self, table: list[int]) -> None:
+        self.block_tables[0] = table
+
+    @property
+    def window_table(self) -> list[int]:
+        return self.block_tables[1]
+
+    @window_table.setter
+    def window_table(self, table: list[int]) -> None:
+        self.block_tables[1] = table
 
     @property
     def num_tokens(self) -> int:

@@ -77,6 +77,8 @@ class Attention(nn.Module):
         cache = self.kv_cache
         if cache is None:
             raise RuntimeError("attention called before the KV cache was bound")
+        if self.sliding_window is not None and meta.window is not None:
+            meta = meta.window  # this layer's pages are the window pool's
         if cache.dtype == torch.float8_e4m3fn and not self.scales_known:
             self._calibrate(k, v)
         self.backend.write_kv(k, v, cache, meta, self.k_scale, self.v_scale)

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _EMPTY = torch.empty(0)
+_EMPTY_LONG = torch.empty(0, dtype=torch.int64)
 _CACHE_DTYPES = (torch.float32, torch.float8_e4m3fn)
 
 
@@ -252,6 +253,12 @@ class FusedDecode:
             else (_EMPTY, _EMPTY)
         )
         tables, lens = cpu_native.decode_tables(meta.block_tables, meta.seq_lens, rows)
+        window_slots, window_tables = _EMPTY_LONG, _EMPTY_LONG
+        if meta.window is not None:  # the sliding layers' own pool (engine/window_blocks.py)
+            window_slots = meta.window.slot_mapping.long()
+            window_tables, _ = cpu_native.decode_tables(
+                meta.window.block_tables, meta.seq_lens, rows
+            )
         weights, kv_scales = self._weights_for(caches)
         return self.native.decode_layers(
             x.contiguous(),
@@ -262,6 +269,8 @@ class FusedDecode:
             meta.slot_mapping.long(),
             tables,
             lens,
+            window_slots,
+            window_tables,
             weights,
             self.meta,
             self.num_heads,

@@ -63,14 +63,14 @@ def test_prefix_caching_matches_transformers(arch_case):
     assert _tokens(second) == ref
     cached = [o.metrics.num_cached_tokens for o in second]
     assert all(c >= 32 for c in cached[:3]), cached
-    assert llm.engine.block_manager.num_held_blocks == 0
+    assert llm.engine.block_manager.num_held_pages == 0
 
 
 def test_chunked_prefill_matches_transformers(arch_case):
     arch, path, _, prompts, ref = arch_case
     llm = LLM(str(path), kv_cache_memory=2 << 20, max_num_batched_tokens=13, enable_prefix_caching=False)
     assert _tokens(llm.generate(prompts, GREEDY)) == ref
-    assert llm.engine.block_manager.num_held_blocks == 0
+    assert llm.engine.block_manager.num_held_pages == 0
 
 
 def test_preemption_matches_transformers(arch_case):
@@ -81,7 +81,7 @@ def test_preemption_matches_transformers(arch_case):
     llm = LLM(str(path), kv_cache_memory=8 * per_block, max_model_len=128, enable_prefix_caching=True)
     assert _tokens(llm.generate(prompts, GREEDY)) == ref
     assert llm.engine.scheduler.num_preemptions > 0
-    assert llm.engine.block_manager.num_held_blocks == 0
+    assert llm.engine.block_manager.num_held_pages == 0
 
 
 def test_prompt_logits_match_transformers(arch_case):

@@ -3,7 +3,7 @@ SentencePiece vocabulary, a file without a chat template), slow tier.
 
 - exact mode's prompt logits equal transformers' own GGUF loading of the same file (which
   dequantizes every tensor to fp32) within fp32 tolerance, and greedy continuations are the
-  same tokens;
+  same tokens, also past the sliding window, cold and from the prefix cache;
 - the default (auto) mode keeps the top-1 of the exact logits on the prompts' positions where
   the exact margin is clear;
 - end of generation comes from the file's vocabulary (`<end_of_turn>` as well as `<eos>`) and
@@ -74,6 +74,29 @@ def test_exact_logits_and_greedy_equal_transformers_gguf_loading(exact, hf_model
                 torch.tensor([ids]), max_new_tokens=16, do_sample=False, min_new_tokens=16
             )[0, len(ids) :].tolist()
         assert out[0].outputs[0].token_ids == ref, text
+
+
+def test_past_the_window_with_the_window_layers_own_pages(gemma_path, hf_model):
+    """A prompt longer than the 512-token window: the sliding layers keep only the pages their
+    window reaches (engine/window_blocks.py), and greedy decoding equals transformers', first
+    cold, then from the prefix cache (a hit whose window pages start past the prompt's head)."""
+    llm = LLM(str(gemma_path), cpu_quant="exact", max_model_len=1024, max_num_seqs=4)
+    bm = llm.engine.block_manager
+    assert bm.window_size == 512 and bm.window.num_blocks < bm.num_blocks
+    text = " ".join(f"Item {i}: the {['red', 'green', 'blue'][i % 3]} box." for i in range(90))
+    ids = _ids(llm, text)
+    assert 600 < len(ids) < 1000
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    with torch.no_grad():
+        ref = hf_model.generate(
+            torch.tensor([ids]), max_new_tokens=8, do_sample=False, min_new_tokens=8
+        )[0, len(ids) :].tolist()
+    cold = llm.generate([ids], params)[0]
+    warm = llm.generate([ids], params)[0]
+    assert cold.outputs[0].token_ids == ref
+    assert warm.outputs[0].token_ids == ref
+    assert warm.metrics.num_cached_tokens >= len(ids) - 16
+    assert bm.num_held_pages == 0
 
 
 def test_auto_mode_keeps_the_exact_top1_where_the_margin_is_clear(gemma_path, exact):

@@ -79,7 +79,7 @@ static void norm_rows(float* x, int64_t stride, int64_t rows, int64_t n, const a
 // One decode-only step through all layers (declared, with the per-layer tensors, in decode_layers.h).
 at::Tensor decode_layers(at::Tensor x, at::Tensor cos, at::Tensor sin, at::Tensor local_cos,
                          at::Tensor local_sin, at::Tensor slots, at::Tensor block_tables, at::Tensor seq_lens,
-                         std::vector<at::Tensor> w, std::vector<int64_t> meta, int64_t num_heads,
+                         at::Tensor window_slots, at::Tensor window_tables, std::vector<at::Tensor> w, std::vector<int64_t> meta, int64_t num_heads,
                          int64_t num_kv_heads, int64_t head_dim, int64_t intermediate, double eps, double scale,
                          int64_t activation, std::vector<double> kv_scales) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x: [B, H] fp32");
@@ -91,13 +91,29 @@ at::Tensor decode_layers(at::Tensor x, at::Tensor cos, at::Tensor sin, at::Tenso
   TORCH_CHECK(slots.scalar_type() == at::kLong && slots.numel() == B, "slots: [B] int64");
   const int64_t L = w.size() / PER_LAYER;
   if (B == 0 || L == 0) return x;
-  check_cache(w[PER_LAYER - 1], D, true);
   TORCH_CHECK(kv_scales.size() == 2 * static_cast<size_t>(w.size() / PER_LAYER), "two kv scales per layer");
-  const int64_t NB = w[PER_LAYER - 1].size(1), BS = w[PER_LAYER - 1].size(2);
-  TORCH_CHECK(w[PER_LAYER - 1].size(3) == Hkv && Hq % Hkv == 0, "kv heads");
-  check_tables(block_tables, seq_lens, B, NB, BS);
-  const int64_t* sp = slots.data_ptr<int64_t>();
-  for (int64_t b = 0; b < B; ++b) TORCH_CHECK(sp[b] >= 0 && sp[b] < NB * BS, "slot out of the cache");
+  // pool 0: every layer's pages, or the global layers' when pool 1 (the window layers') is given
+  const bool pooled = window_tables.numel() > 0;
+  TORCH_CHECK(!pooled || (window_slots.scalar_type() == at::kLong && window_slots.numel() == B),
+              "window_slots: [B] int64");
+  const at::Tensor pool_slots[2] = {slots, pooled ? window_slots : slots};
+  const at::Tensor pool_tables[2] = {block_tables, pooled ? window_tables : block_tables};
+  int64_t NB[2] = {-1, -1}, BS = -1;
+  for (int64_t l = 0; l < L; ++l) {  // every pool's caches agree on their shape; tables and slots fit them
+    const at::Tensor& cache = w[l * PER_LAYER + PER_LAYER - 1];
+    check_cache(cache, D, true);
+    const int p = pooled && meta[l * META_PER_LAYER + 4 * LINEAR_META] > 0 ? 1 : 0;
+    TORCH_CHECK(cache.size(3) == Hkv && Hq % Hkv == 0, "kv heads");
+    TORCH_CHECK(BS < 0 || cache.size(2) == BS, "kv caches differ in block size");
+    TORCH_CHECK(NB[p] < 0 || cache.size(1) == NB[p], "kv caches of one pool differ");
+    BS = cache.size(2);
+    if (NB[p] < 0) {
+      NB[p] = cache.size(1);
+      check_tables(pool_tables[p], seq_lens, B, NB[p], BS);
+      const int64_t* sp = pool_slots[p].data_ptr<int64_t>();
+      for (int64_t b = 0; b < B; ++b) TORCH_CHECK(sp[b] >= 0 && sp[b] < NB[p] * BS, "slot out of the cache");
+    }
+  }
   const bool local = local_cos.numel() > 0;
   TORCH_CHECK(!local || (local_cos.is_contiguous() && local_sin.is_contiguous() && local_cos.numel() == B * D &&
                          local_sin.numel() == B * D), "local cos/sin [B, D]");
@@ -110,14 +126,15 @@ at::Tensor decode_layers(at::Tensor x, at::Tensor cos, at::Tensor sin, at::Tenso
   auto h = at::empty_like(x);
   auto attn = at::empty({B, Hq * D}, x.options());
   // the attention's work items depend on the tables and on whether a layer has a window: made
-  // once per step (index 0: no window, 1: windowed), not once per layer
+  // once per step (index 0: no window, 1: windowed), not once per layer; a windowed layer reads
+  // pool 1's tables when the pools are apart
   std::vector<AttnItem> plans[2];
   bool planned[2] = {false, false};
   auto plan_for = [&](int64_t window) -> const std::vector<AttnItem>* {
     const int k = window > 0 ? 1 : 0;
     if (!planned[k]) {
-      plans[k] = attn_items(block_tables.data_ptr<int64_t>(), block_tables.size(1), seq_lens.data_ptr<int64_t>(),
-                            B, BS, Hkv, window);
+      const at::Tensor& bt = pool_tables[pooled ? k : 0];
+      plans[k] = attn_items(bt.data_ptr<int64_t>(), bt.size(1), seq_lens.data_ptr<int64_t>(), B, BS, Hkv, window);
       planned[k] = true;
     }
     return &plans[k];
@@ -128,8 +145,10 @@ at::Tensor decode_layers(at::Tensor x, at::Tensor cos, at::Tensor sin, at::Tenso
     const int64_t window = m[4 * LINEAR_META], which = m[4 * LINEAR_META + 1];
     TORCH_CHECK(which == -1 || which == 0 || (which == 1 && local), "rotary table");
     const at::Tensor& cache = t[PER_LAYER - 1];
-    check_cache(cache, D, true);
-    TORCH_CHECK(cache.size(1) == NB && cache.size(2) == BS && cache.size(3) == Hkv, "kv caches differ across layers");
+    const int pool = pooled && window > 0 ? 1 : 0;
+    const int64_t nb = NB[pool];
+    const int64_t* sp = pool_slots[pool].data_ptr<int64_t>();
+    const at::Tensor& tables_l = pool_tables[pool];
     const bool fp8 = cache.scalar_type() == at::ScalarType::Float8_e4m3fn;
     const float k_scale = static_cast<float>(kv_scales[2 * l]), v_scale = static_cast<float>(kv_scales[2 * l + 1]);
     const at::Tensor *qkv_w = t + 3, *o_w = qkv_w + LINEAR_TENSORS, *gu_w = o_w + LINEAR_TENSORS + 2,
@@ -153,7 +172,7 @@ at::Tensor decode_layers(at::Tensor x, at::Tensor cos, at::Tensor sin, at::Tenso
     if (which >= 0) rotate_rows(qp, QKV, tables[which][0], tables[which][1], B, Hq + Hkv, D);  // q, then k heads
     if (fp8) {  // as edgellm/kernels/paged_attention.write_kv_ref: clamp(x / scale, +-448), round to e4m3
       uint8_t* kc = reinterpret_cast<uint8_t*>(cache.data_ptr());
-      uint8_t* vc = kc + NB * BS * Hkv * D;
+      uint8_t* vc = kc + nb * BS * Hkv * D;
       for (int64_t b = 0; b < B; ++b) {
         const int64_t slot = sp[b];
         for (int64_t j = 0; j < Hkv * D; ++j) {
@@ -164,18 +183,18 @@ at::Tensor decode_layers(at::Tensor x, at::Tensor cos, at::Tensor sin, at::Tenso
         }
       }
       attend<uint8_t>(qp, QKV, attn.data_ptr<float>(), Hq * D, kc, vc, BS, Hkv, D, G,
-                      block_tables.data_ptr<int64_t>(), block_tables.size(1), seq_lens.data_ptr<int64_t>(), B,
+                      tables_l.data_ptr<int64_t>(), tables_l.size(1), seq_lens.data_ptr<int64_t>(), B,
                       static_cast<float>(scale), window, k_scale, v_scale, plan_for(window));
     } else {
       float* kc = cache.data_ptr<float>();
-      float* vc = kc + NB * BS * Hkv * D;
+      float* vc = kc + nb * BS * Hkv * D;
       for (int64_t b = 0; b < B; ++b) {
         const int64_t slot = sp[b];
         std::copy(qp + b * QKV + Hq * D, qp + b * QKV + (Hq + Hkv) * D, kc + slot * Hkv * D);
         std::copy(qp + b * QKV + (Hq + Hkv) * D, qp + (b + 1) * QKV, vc + slot * Hkv * D);
       }
       attend<float>(qp, QKV, attn.data_ptr<float>(), Hq * D, kc, vc, BS, Hkv, D, G,
-                    block_tables.data_ptr<int64_t>(), block_tables.size(1), seq_lens.data_ptr<int64_t>(), B,
+                    tables_l.data_ptr<int64_t>(), tables_l.size(1), seq_lens.data_ptr<int64_t>(), B,
                     static_cast<float>(scale), window, 1.f, 1.f, plan_for(window));
     }
     auto o = linear(attn, o_w, m + LINEAR_META).contiguous();

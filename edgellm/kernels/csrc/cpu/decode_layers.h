@@ -32,7 +32,9 @@ constexpr int64_t ACT_SILU = 0, ACT_GELU_TANH = 1;  // the gated MLP's activatio
 // One decode-only step through all layers. x [B, H] fp32 (embeddings in, hidden states out, updated
 // in place); cos/sin [B, D] fp32 (neox halves); slots [B] int64 (where each token's K/V go);
 // local_cos/local_sin: a second table (Gemma 3's sliding layers) or empty; block_tables [B, MB]
-// int64; seq_lens [B] int64. Per layer, PER_LAYER tensors in `w`: input norm weight (absent:
+// int64; seq_lens [B] int64; window_slots [B] int64 and window_tables [B, MB'] int64: where the
+// sliding-window layers' K/V go and are read when their caches are a pool of their own
+// (edgellm/engine/window_blocks.py), or both empty. Per layer, PER_LAYER tensors in `w`: input norm weight (absent:
 // the attention reads x), q and k norm weights ([D], over each head before rotary), qkv
 // (LINEAR_TENSORS), o, the attention output's norm, the MLP input's norm, gate_up, down, the MLP
 // output's norm, the kv cache; with META_PER_LAYER ints in `meta`: qkv, o, gate_up, down
@@ -41,7 +43,7 @@ constexpr int64_t ACT_SILU = 0, ACT_GELU_TANH = 1;  // the gated MLP's activatio
 // with every norm RMSNorm(eps) whose weight already holds any offset (Gemma's 1 + w).
 at::Tensor decode_layers(at::Tensor x, at::Tensor cos, at::Tensor sin, at::Tensor local_cos,
                          at::Tensor local_sin, at::Tensor slots, at::Tensor block_tables, at::Tensor seq_lens,
-                         std::vector<at::Tensor> w, std::vector<int64_t> meta, int64_t num_heads,
+                         at::Tensor window_slots, at::Tensor window_tables, std::vector<at::Tensor> w, std::vector<int64_t> meta, int64_t num_heads,
                          int64_t num_kv_heads, int64_t head_dim, int64_t intermediate, double eps, double scale,
                          int64_t activation, std::vector<double> kv_scales);
 
