@@ -171,6 +171,7 @@ class ZmqEventPublisher:
         self._buffer: collections.deque[tuple[int, bytes]] = collections.deque(
             maxlen=config.buffer_steps
         )
+        self.num_accepted = 0  # batches queued by publish (all published once num_published equals)
         self.num_published = 0
         self.num_dropped = 0  # batches dropped because the queue was full
         self._thread = threading.Thread(target=self._run, name="edgellm-kv-events", daemon=True)
@@ -180,6 +181,7 @@ class ZmqEventPublisher:
         """Hand one step's events to the publisher thread; never blocks."""
         try:
             self._queue.put_nowait((ts, events))
+            self.num_accepted += 1
         except queue.Full:
             self.num_dropped += 1
             if self.num_dropped == 1:

@@ -188,9 +188,11 @@ def test_absent_subscriber_never_blocks_and_replay_has_everything(tiny_llama):
     try:
         for i in range(4):  # nobody subscribes: the steps run as ever
             run(engine, f"r{i}", list(range(3 + 40 * i, 43 + 40 * i)), 4)
+        publisher = engine.kv_publisher
         deadline = time.monotonic() + 10
-        while engine.kv_publisher.num_published < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        while publisher.num_published < publisher.num_accepted and time.monotonic() < deadline:
+            time.sleep(0.05)  # every batch published, so the replay holds them all
+        assert publisher.num_accepted > 0 and publisher.num_dropped == 0
         got = replay(ctx, cfg.replay_endpoint, 0)
         assert [s for s, _ in got] == list(range(len(got))) and got
         stored = {h for e in decoded(got) if e[0] == "BlockStored" for h in e[1]}
