@@ -176,23 +176,31 @@ def prefill_rows_ref(
     out,
 ) -> None:
     """Prefill chunks [first, B) one at a time, computed in `dtype` (causal SDPA over the chunk's
-    own keys when it is the whole context, else over its pages with a mask), into out's rows."""
+    own keys when it is the whole context, else over its pages with a mask), into out's rows.
+    With a sliding window, only the pages from the one the chunk's first query reaches are read
+    (the earlier ones may be released: engine/window_blocks.py)."""
+    block_size = kv_cache.shape[2]
     for i in range(first, len(seq_lens)):
         start, end = query_start_loc[i], query_start_loc[i + 1]
         q_len, ctx = end - start, seq_lens[i]
         q = query[start:end].transpose(0, 1).unsqueeze(0).to(dtype)  # [1, Hq, q_len, D]
+        lo = 0  # the first context position read, on a block boundary
         if ctx == q_len and kv_cache.dtype != torch.float8_e4m3fn:
             k = key[start:end].transpose(0, 1).unsqueeze(0).to(dtype)
             v = value[start:end].transpose(0, 1).unsqueeze(0).to(dtype)
         else:
-            k, v = gather_kv(kv_cache, block_tables[i : i + 1].long(), ctx, dtype, k_scale, v_scale)
+            table = block_tables[i : i + 1].long()
+            if sliding_window is not None:
+                lo = max(0, ctx - q_len - sliding_window + 1) // block_size * block_size
+                table = table[:, lo // block_size :]
+            k, v = gather_kv(kv_cache, table, ctx - lo, dtype, k_scale, v_scale)
         if sliding_window is None and ctx == q_len:
             o = F.scaled_dot_product_attention(
                 q, k, v, is_causal=True, scale=scale, enable_gqa=True
             )
         else:
             q_pos = torch.arange(ctx - q_len, ctx)[:, None]
-            kv_pos = torch.arange(ctx)[None, :]
+            kv_pos = torch.arange(lo, ctx)[None, :]
             mask = kv_pos <= q_pos
             if sliding_window is not None:
                 mask &= kv_pos > q_pos - sliding_window
