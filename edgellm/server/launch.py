@@ -71,7 +71,7 @@ def _template_text(template: str | None) -> str | None:
 
 
 def build_engine(spec: ModelSpec, args: argparse.Namespace) -> Any:
-    from edgellm.cli import engine_config
+    from edgellm.commands.engine_args import engine_config
     from edgellm.engine.async_engine import AsyncEngine
 
     kv_dtype = args.kv_cache_dtype if args.kv_cache_dtype != "auto" else spec.kv_cache_dtype
