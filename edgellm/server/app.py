@@ -23,7 +23,7 @@ from edgellm.server.readiness import Readiness
 from edgellm.server.routes import completions, health, tokenize
 from edgellm.server.routes import models as model_routes
 from edgellm.server.routes.state import ServerState
-from edgellm.server.serving import ServedModel
+from edgellm.server.served_model import ServedModel
 
 __all__ = ["ServerSettings", "create_app"]
 

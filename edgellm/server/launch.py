@@ -71,7 +71,7 @@ def _template_text(template: str | None) -> str | None:
 
 
 def build_engine(spec: ModelSpec, args: argparse.Namespace) -> Any:
-    from edgellm.cli import engine_config
+    from edgellm.commands.engine_args import engine_config
     from edgellm.engine.async_engine import AsyncEngine
 
     kv_dtype = args.kv_cache_dtype if args.kv_cache_dtype != "auto" else spec.kv_cache_dtype
@@ -186,7 +186,7 @@ def serving_app(
     warm-up. /health answers 503 until both are done, then 200 (server/readiness.py)."""
     from edgellm.server.app import ServerSettings, create_app
     from edgellm.server.readiness import Readiness, in_thread
-    from edgellm.server.serving import ServedModel
+    from edgellm.server.served_model import ServedModel
 
     configured = tool_parser_name(spec, args)  # an unknown name stops here, before the load
     names = list(args.served_model_name or [spec.name])

@@ -14,7 +14,8 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from edgellm.server.protocol import ChatCompletionRequest, CompletionRequest
+from edgellm.server.chat_request import ChatCompletionRequest
+from edgellm.server.completion_request import CompletionRequest
 
 
 def json_body(model: type[BaseModel]) -> dict[str, Any]:

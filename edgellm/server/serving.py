@@ -1,114 +1,24 @@
-"""One OpenAI request -> validated, tokenized engine sub-requests (prepare) -> a Run.
+"""One OpenAI request -> validated, tokenized engine sub-requests (prepare -> Prepared).
 
 A request with P prompts and n choices runs as P x n engine requests (choice
-index p * n + j); their outputs are merged through one queue. Closing a run
-(the client went away, or the stream ended early) aborts every sub-request
-that has not finished, so its KV blocks are free before the next step.
+index p * n + j), each a Sub; run.py runs them.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
-import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from edgellm.engine.output import RequestOutput
 from edgellm.llm import expand_n
 from edgellm.sampling import SamplingParams
+from edgellm.server.chat_request import ChatCompletionRequest
+from edgellm.server.completion_request import CompletionRequest
 from edgellm.server.errors import APIError, bad_request
-from edgellm.server.metrics import ServerMetrics
-from edgellm.server.protocol import ChatCompletionRequest, CompletionRequest
-from edgellm.tools.families import check_parser_name, choose_parser
+from edgellm.server.served_model import ServedModel
+from edgellm.tools.families import choose_parser
 from edgellm.tools.spec import ToolPlan, template_takes_tools, with_generic_prompt
-
-logger = logging.getLogger(__name__)
-
-
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-
-
-@dataclass
-class ServedModel:
-    """One engine and the names it answers to."""
-
-    names: list[str]
-    engine: Any  # AsyncEngine
-    max_waiting_requests: int
-    metrics: ServerMetrics | None = None
-    inflight: int = 0  # admitted sub-requests not yet finished
-    created: int = field(default_factory=lambda: int(time.time()))
-    # the format of tool calls in its output (a tools.families.PARSERS name); None: the one its
-    # chat template asks for, else hermes
-    tool_parser: str | None = None
-    _token_text: dict[int, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.tool_parser is not None:
-            check_parser_name(self.tool_parser)
-
-    @property
-    def name(self) -> str:
-        return self.names[0]
-
-    def token_text(self, token_id: int) -> str:
-        text = self._token_text.get(token_id)
-        if text is None:
-            tok = self.engine.tokenizer
-            text = (
-                tok.decode([token_id], skip_special_tokens=False)
-                if tok is not None
-                else f"<{token_id}>"
-            )
-            if len(self._token_text) < 200_000:
-                self._token_text[token_id] = text
-        return text
-
-    @property
-    def capacity(self) -> int:
-        """Sequences in flight at most: the running batch plus the waiting line."""
-        return int(self.engine.engine.config.max_num_seqs) + self.max_waiting_requests
-
-    @property
-    def full(self) -> bool:
-        return self.inflight >= self.capacity
-
-    def overloaded(self) -> APIError:
-        """503 + Retry-After, as OpenAI answers 'engine overloaded' (its 429 means a per-key rate
-        limit, which this server has none of); clients, the openai SDK included, retry both."""
-        if self.metrics is not None:
-            self.metrics.rejected.labels("503").inc()
-        return APIError(
-            503,
-            f"The server is overloaded ({self.inflight} requests in flight, "
-            f"room for {self.capacity}); retry shortly.",
-            code="server_overloaded",
-            headers={"Retry-After": "1"},
-        )
-
-    def admit(self, num: int) -> None:
-        """Bounded queue: refuse when the waiting line would pass its bound."""
-        if num > self.capacity:  # could never run: retrying would not help
-            raise bad_request(
-                f"this request needs {num} sequences (prompts x n) but the server runs at "
-                f"most {self.capacity} at once",
-                param="n",
-                code="too_many_sequences",
-            )
-        if self.inflight + num > self.capacity:
-            raise self.overloaded()
-        self.add_inflight(num)
-
-    def add_inflight(self, delta: int) -> None:
-        self.inflight += delta
-        if self.metrics is not None:
-            self.metrics.inflight.labels(self.name).set(self.inflight)
 
 
 @dataclass
@@ -139,7 +49,6 @@ class Prepared:
         return self.request.model or self.served.name
 
 
-# ------------------------------------------------------------------ prepare
 def _context_error(prompt_len: int, max_tokens: int | None, limit: int, what: str) -> APIError:
     if max_tokens is None:
         msg = (
@@ -262,120 +171,4 @@ def prepare(
         subs,
         [len(ids) for _, ids in prompts],
         tools,
-    )
-
-
-# ---------------------------------------------------------------------- run
-class ClientGone(Exception):
-    """The run was closed (the client disconnected) before it finished."""
-
-
-_CLOSED = ClientGone()
-
-
-class Run:
-    """The live sub-requests of one HTTP request, merged into one event queue.
-
-    Whoever starts a Run must close() it whatever happens (the app does so in
-    a finally around the response): close() aborts every sub-request still in
-    the engine and gives its admission slot back, even if nobody ever read
-    the events.
-    """
-
-    def __init__(self, prep: Prepared) -> None:
-        self.prep = prep
-        self.served = prep.served
-        self.queue: asyncio.Queue[tuple[int, RequestOutput | BaseException]] = asyncio.Queue()
-        self.unfinished = {s.index for s in prep.subs}  # not yet seen finished by the reader
-        self.live = {s.index for s in prep.subs}  # holding an admission slot / an engine request
-        self.tasks: list[asyncio.Task[None]] = []
-        self.closed = False
-
-    def start(self) -> None:
-        for sub in self.prep.subs:
-            self.tasks.append(asyncio.create_task(self._pump(sub)))
-
-    def _release(self, index: int) -> bool:
-        if index in self.live:
-            self.live.discard(index)
-            self.served.add_inflight(-1)
-            return True
-        return False
-
-    async def _pump(self, sub: Sub) -> None:
-        gen = self.served.engine.generate(
-            sub.request_id, sub.ids, sub.params, prepared=(sub.text, sub.ids), priority=sub.priority
-        )
-        try:
-            async with contextlib.aclosing(gen):
-                async for out in gen:
-                    if out.finished and self._release(sub.index):
-                        self._observe(out)
-                    self.queue.put_nowait((sub.index, out))
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:  # noqa: BLE001  (handed to the reader)
-            self._release(sub.index)  # failed, so no longer in the engine
-            self.queue.put_nowait((sub.index, exc))
-
-    async def events(self) -> AsyncIterator[tuple[int, RequestOutput]]:
-        while self.unfinished:
-            index, item = await self.queue.get()
-            if item is _CLOSED:
-                raise ClientGone()
-            if isinstance(item, BaseException):
-                raise _engine_exception(item)
-            if item.finished:
-                self.unfinished.discard(index)
-                if item.outputs[0].finish_reason == "error":
-                    logger.error("request %s failed in the engine: %s", item.request_id, item.error)
-                    raise APIError(
-                        500,
-                        f"The engine failed this request: {item.error or 'unknown error'}",
-                        code="engine_error",
-                    )
-            yield index, item
-        if self.closed:
-            raise ClientGone()
-
-    def _observe(self, out: RequestOutput) -> None:
-        m = self.served.metrics
-        if m is not None:
-            m.observe_finished(
-                self.served.name,
-                self.prep.arrival,
-                out.metrics,
-                out.outputs[0].finish_reason or "abort",
-            )
-
-    def close(self) -> None:
-        """Abort whatever is still running (idempotent; safe before start)."""
-        if self.closed:
-            return
-        self.closed = True
-        for sub in self.prep.subs:
-            if self._release(sub.index):
-                self.served.engine.abort(sub.request_id)
-                if self.served.metrics is not None:
-                    self.served.metrics.success.labels(self.served.name, "abort").inc()
-        self.unfinished.clear()
-        for task in self.tasks:
-            if not task.done():
-                task.cancel()
-        self.queue.put_nowait((-1, _CLOSED))  # wake a reader blocked on the queue
-
-
-def _engine_exception(exc: BaseException) -> APIError:
-    if isinstance(exc, APIError):
-        return exc
-    if isinstance(exc, ValueError):
-        return bad_request(str(exc))
-    name = type(exc).__name__
-    if name == "EngineDeadError":
-        return APIError(
-            503, "The engine has stopped; the server is shutting down.", code="engine_dead"
-        )
-    logger.error("request failed: %s: %s", name, exc)
-    return APIError(
-        500, "The server had an error while processing your request.", code="internal_error"
     )

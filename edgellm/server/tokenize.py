@@ -17,9 +17,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from edgellm.server.chat_request import ChatCompletionRequest
 from edgellm.server.errors import bad_request, from_validation_error
-from edgellm.server.protocol import ChatCompletionRequest
-from edgellm.server.serving import ServedModel, chat_prompt, text_prompt_ids
+from edgellm.server.served_model import ServedModel
+from edgellm.server.serving import chat_prompt, text_prompt_ids
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from edgellm.config import EngineConfig
 from edgellm.engine.async_engine import AsyncEngine
 from edgellm.sampling import SamplingParams
 from edgellm.server.app import create_app
-from edgellm.server.serving import ServedModel
+from edgellm.server.served_model import ServedModel
 from tests.helpers.serverutil import ThreadServer, is_openai_error
 
 POISON = 7  # the token whose embedding row is set to NaN

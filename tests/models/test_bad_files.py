@@ -22,7 +22,7 @@ from edgellm.config import EngineConfig
 from edgellm.engine.async_engine import AsyncEngine
 from edgellm.loader import default_model_path
 from edgellm.server.app import create_app
-from edgellm.server.serving import ServedModel
+from edgellm.server.served_model import ServedModel
 from tests.helpers.serverutil import ThreadServer, free_port
 
 

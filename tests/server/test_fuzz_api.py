@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from edgellm.config import EngineConfig
 from edgellm.engine.async_engine import AsyncEngine
 from edgellm.server.app import ServerSettings, create_app
-from edgellm.server.serving import ServedModel
+from edgellm.server.served_model import ServedModel
 from tests.helpers.serverutil import ThreadServer, build_tiny_chat_model, is_openai_error
 
 KEY = "fuzz-key"

@@ -18,7 +18,7 @@ import pytest
 
 from edgellm.server import launch
 from edgellm.server.app import ServerSettings, create_app
-from edgellm.server.serving import ServedModel
+from edgellm.server.served_model import ServedModel
 from tests.helpers.scripted_engine import (
     BLOCK,
     DEAD,

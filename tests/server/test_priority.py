@@ -10,7 +10,7 @@ import pytest
 from edgellm.config import EngineConfig
 from edgellm.engine.async_engine import AsyncEngine
 from edgellm.server.app import create_app
-from edgellm.server.serving import ServedModel
+from edgellm.server.served_model import ServedModel
 from tests.helpers.serverutil import ThreadServer, is_openai_error
 from tests.helpers.tiny_models import build_tiny
 

@@ -23,7 +23,7 @@ import uvicorn
 from edgellm.server import guard as guard_module
 from edgellm.server import launch
 from edgellm.server.app import ServerSettings, create_app
-from edgellm.server.serving import ServedModel
+from edgellm.server.served_model import ServedModel
 from tests.helpers.scripted_engine import OK, ScriptedEngine
 from tests.helpers.serverutil import is_openai_error
 

@@ -96,7 +96,7 @@ def test_cli_flag_and_its_precedence(tmp_path, capsys):
 
 def test_offline_api_and_served_model_check_the_name():
     from edgellm.llm import LLM
-    from edgellm.server.serving import ServedModel
+    from edgellm.server.served_model import ServedModel
 
     with pytest.raises(ValueError, match=KNOWN):
         LLM(tool_call_parser="llama")  # refused before the model loads

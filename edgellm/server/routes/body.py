@@ -12,7 +12,7 @@ import logging
 from starlette.requests import ClientDisconnect, Request
 
 from edgellm.server.guard import body_too_big
-from edgellm.server.serving import ClientGone, Run
+from edgellm.server.run import ClientGone, Run
 
 logger = logging.getLogger(__name__)
 

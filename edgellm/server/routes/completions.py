@@ -20,13 +20,15 @@ from pydantic import ValidationError
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from edgellm.server.chat_request import ChatCompletionRequest
+from edgellm.server.completion_request import CompletionRequest
 from edgellm.server.errors import bad_request, from_validation_error
 from edgellm.server.openapi import json_body
-from edgellm.server.protocol import ChatCompletionRequest, CompletionRequest
 from edgellm.server.responses import complete, stream
 from edgellm.server.routes.body import read_body, watch_disconnect
 from edgellm.server.routes.state import AppState, ServerState
-from edgellm.server.serving import ClientGone, Prepared, Run, prepare
+from edgellm.server.run import ClientGone, Run
+from edgellm.server.serving import Prepared, prepare
 from edgellm.structured import StructuredOutputError
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

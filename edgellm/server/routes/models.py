@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from edgellm.server.routes.state import AppState
-from edgellm.server.serving import ServedModel
+from edgellm.server.served_model import ServedModel
 
 
 def add_routes(router: APIRouter) -> None:

@@ -15,7 +15,7 @@ from edgellm.server.errors import APIError
 from edgellm.server.guard import ServerSettings
 from edgellm.server.metrics import ServerMetrics
 from edgellm.server.readiness import Readiness
-from edgellm.server.serving import ServedModel
+from edgellm.server.served_model import ServedModel
 
 
 @dataclass

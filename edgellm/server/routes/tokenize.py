@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse, Response
 
 from edgellm.server.routes.body import read_body
 from edgellm.server.routes.state import AppState
-from edgellm.server.serving import ClientGone
+from edgellm.server.run import ClientGone
 from edgellm.server.tokenize import parse_body, tokenize
 
 
