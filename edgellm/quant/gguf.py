@@ -32,17 +32,15 @@ from edgellm.quant import gguf_blocks
 from edgellm.quant.gguf_arch import ARCHES, LINEAR, ROPE_TENSORS
 from edgellm.quant.gguf_file import GGUFFile, GGUFFormatError
 from edgellm.quant.gguf_vocab import end_of_generation_ids, fallback_chat_template
-from edgellm.quant.schemes import (
-    Int4Codes,
-    Int8Codes,
+from edgellm.quant.int_codes import Int4Codes, Int8Codes
+from edgellm.quant.linear_method import (
     LinearMethod,
     ParamLayout,
     QuantLinearMethod,
-    QuantScheme,
     UnquantizedLinearMethod,
-    shard_ranges,
-    stashed,
 )
+from edgellm.quant.schemes import QuantScheme
+from edgellm.quant.shard_params import shard_ranges, stashed
 
 _FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
 
