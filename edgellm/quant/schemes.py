@@ -119,7 +119,7 @@ def scheme_from_config(
 
         return BitsAndBytesScheme(quantization_config, cpu_kernels)
     if method == "gguf":
-        from edgellm.quant.gguf import GGUFScheme
+        from edgellm.quant.gguf_scheme import GGUFScheme
 
         return GGUFScheme(quantization_config, cpu_kernels)
     method = method or str(quantization_config.get("format") or "?")
