@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 
 from edgellm.bench.machine import cpu_name, machine_info
-from edgellm.quant.convert import ConvertOptions, convert
+from edgellm.quant.convert import convert
+from edgellm.quant.convert_options import ConvertOptions
 
 DEFAULT_SCHEMES = ["w4a16-rtn", "w4a16-gptq", "w4a16-awq", "w8a16-int8", "w8a8-int8", "fp8-dynamic", "fp8-static"]
 

@@ -39,8 +39,8 @@ LONG = ("You are a friendly voice assistant for a travel agency. Keep answers sh
 
 def gemm_sweep(repeats: int) -> list[dict[str, float]]:
     from edgellm.platform import Platform
+    from edgellm.quant.int_codes import Int4Codes
     from edgellm.quant.linear_kernels.cpu_fast import CpuInt4Kernel
-    from edgellm.quant.schemes import Int4Codes
 
     n, k, gs = 3072, 576, 32
     torch.manual_seed(0)

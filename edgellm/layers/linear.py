@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from edgellm.quant.schemes import LinearMethod, ParamLayout
+from edgellm.quant.linear_method import LinearMethod, ParamLayout
 
 
 class Linear(nn.Module):

@@ -20,7 +20,8 @@ from edgellm.layers.linear import Linear
 from edgellm.layers.norm import RMSNorm
 from edgellm.layers.rotary import RotaryEmbedding
 from edgellm.models.blocks import MLP, CosSin, Embedding, SelfAttention
-from edgellm.quant.schemes import QuantScheme, UnquantizedLinearMethod
+from edgellm.quant.linear_method import UnquantizedLinearMethod
+from edgellm.quant.schemes import QuantScheme
 
 
 class DecoderLayer(nn.Module):

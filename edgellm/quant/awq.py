@@ -16,16 +16,10 @@ import torch
 from torch import nn
 
 from edgellm.kernels.int4_layouts import awq_codes
-from edgellm.quant.schemes import (
-    Int4Codes,
-    LinearMethod,
-    ParamLayout,
-    QuantLinearMethod,
-    QuantScheme,
-    config_error,
-    empty_param,
-    matches_any,
-)
+from edgellm.quant.int_codes import Int4Codes
+from edgellm.quant.linear_method import LinearMethod, ParamLayout, QuantLinearMethod
+from edgellm.quant.schemes import QuantScheme, config_error, matches_any
+from edgellm.quant.shard_params import empty_param
 
 
 class AWQScheme(QuantScheme):

@@ -23,8 +23,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from edgellm.quant.calibration import LayerParts, LayerwiseRunner, input_hooks
+from edgellm.quant.decoder_parts import LayerParts
 from edgellm.quant.gptq_solver import single_thread
+from edgellm.quant.layerwise import LayerwiseRunner, input_hooks
 from edgellm.quant.qparams import IntSpec, IntWeight, fake_quantize_groups, rtn_quantize
 
 logger = logging.getLogger(__name__)

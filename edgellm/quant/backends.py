@@ -1,5 +1,5 @@
 """The chooser of a weight-quantized linear's matmul: what a QuantLinearMethod runs once its
-format has decoded the checkpoint tensors (schemes.QuantLinearMethod.build_kernel).
+format has decoded the checkpoint tensors (edgellm/quant/linear_method.py builds it at load).
 
 - CUDA (or Triton's interpreter in tests): int4 (AWQ, GPTQ, compressed-tensors, GGUF
   Q4_0/Q4_1/Q4_K) in the W4A16 kernel, GGUF's other types as int8 codes in the grouped W8
@@ -32,7 +32,7 @@ from edgellm.quant.linear_kernels.triton import (
 
 if TYPE_CHECKING:
     from edgellm.platform import Platform
-    from edgellm.quant.schemes import QuantLinearMethod
+    from edgellm.quant.linear_method import QuantLinearMethod
 
 logger = logging.getLogger(__name__)
 

@@ -26,17 +26,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from edgellm.quant.schemes import (
-    LinearMethod,
-    ParamLayout,
-    QuantLinearMethod,
-    QuantScheme,
-    config_error,
-    empty_param,
-    matches_any,
-    shard_ranges,
-    stashed,
-)
+from edgellm.quant.linear_method import LinearMethod, ParamLayout, QuantLinearMethod
+from edgellm.quant.schemes import QuantScheme, config_error, matches_any
+from edgellm.quant.shard_params import empty_param, shard_ranges, stashed
 
 _INV_127 = 7.874015718698502e-3  # bitsandbytes multiplies by this instead of dividing by 127
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}

@@ -14,15 +14,14 @@ from typing import Any
 
 from edgellm.quant import calibration as calib
 from edgellm.quant import convert as _convert
-from edgellm.quant.convert import (
+from edgellm.quant.convert import REPORT_NAME, convert
+from edgellm.quant.convert_options import (
     DEFAULT_NUM_SAMPLES,
     DEFAULT_SEQ_LEN,
-    REPORT_NAME,
     SCHEMES,
-    ConvertError,
     ConvertOptions,
-    convert,
 )
+from edgellm.quant.convert_source import ConvertError
 
 
 def format_report(r: dict[str, Any]) -> str:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from edgellm.quant.schemes import Int4Codes, Int8Codes
+from edgellm.quant.int_codes import Int4Codes, Int8Codes
 
 QK_K = 256
 INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")

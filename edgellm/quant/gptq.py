@@ -18,18 +18,10 @@ import torch
 from torch import nn
 
 from edgellm.kernels.int4_layouts import unpack_int4
-from edgellm.quant.schemes import (
-    Int4Codes,
-    LinearMethod,
-    ParamLayout,
-    QuantLinearMethod,
-    QuantScheme,
-    common_g_idx,
-    config_error,
-    dequantize_g_idx,
-    empty_param,
-    shard_g_idx,
-)
+from edgellm.quant.int_codes import Int4Codes
+from edgellm.quant.linear_method import LinearMethod, ParamLayout, QuantLinearMethod
+from edgellm.quant.schemes import QuantScheme, config_error
+from edgellm.quant.shard_params import common_g_idx, dequantize_g_idx, empty_param, shard_g_idx
 
 
 class GPTQScheme(QuantScheme):

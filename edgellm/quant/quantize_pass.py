@@ -1,7 +1,7 @@
 """The quantization pass of `edgellm convert`: every decoder linear, layer by layer.
 
 Calibrated schemes replay the calibration set through one decoder layer at a
-time (calibration.LayerwiseRunner): collect what the algorithm needs from the
+time (layerwise.LayerwiseRunner): collect what the algorithm needs from the
 layer's inputs (Hessians for GPTQ, activation maxima for SmoothQuant and FP8
 input scales, cached inputs for AWQ), quantize the layer in place (weights are
 replaced by their dequantized values), then run the quantized layer to produce
@@ -18,10 +18,11 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from edgellm.quant import calibration as calib
 from edgellm.quant.awq_search import awq_layer
+from edgellm.quant.decoder_parts import LayerParts, decoder_layers, layer_parts
 from edgellm.quant.export import Scheme
 from edgellm.quant.gptq_solver import HessianAccumulator, gptq_quantize
+from edgellm.quant.layerwise import LayerwiseRunner, input_hooks
 from edgellm.quant.qparams import (
     FP8Weight,
     IntSpec,
@@ -64,7 +65,7 @@ def _spec(scheme: Scheme, fmt: str) -> IntSpec:
     )
 
 
-def _input_group(parts: calib.LayerParts, name: str) -> str:
+def _input_group(parts: LayerParts, name: str) -> str:
     leaf = name.rsplit(".", 1)[-1]
     if leaf in parts.qkv:
         return f"{parts.prefix}.attn_in"
@@ -101,17 +102,17 @@ def quantize_model(
     spec = _spec(scheme, opts.format)
     results: dict[str, IntWeight | FP8Weight] = {}
     kv: dict[str, tuple[float, float]] = {}
-    prefix, layers = calib.decoder_layers(model)
+    prefix, layers = decoder_layers(model)
     want_kv = opts.kv_cache_dtype == "fp8"
     if samples is None:  # no calibration: weights only
         for i in tqdm(range(len(layers)), desc=f"quantize ({scheme.algorithm})"):
-            parts = calib.layer_parts(layers[i], f"{prefix}.{i}")
+            parts = layer_parts(layers[i], f"{prefix}.{i}")
             for name, lin in parts.linears.items():
                 if name not in skip:
                     results[name] = _quantize_direct(lin, scheme, spec, dtype)
         return results, kv
 
-    runner = calib.LayerwiseRunner(model, samples, opts.batch_size)
+    runner = LayerwiseRunner(model, samples, opts.batch_size)
     with kv_observer(model) as kv_max:
         for i in tqdm(range(len(layers)), desc=f"quantize layers ({scheme.algorithm})"):
             parts = runner.parts(i)
@@ -136,7 +137,7 @@ def quantize_model(
                 source = {n: _input_group(parts, n) for n in todo}
                 taps = {source[n]: m for n, m in todo.items()}
                 acc = {g: HessianAccumulator(m.in_features) for g, m in taps.items()}
-                with calib.input_hooks(taps, lambda g, x, acc=acc: acc[g].add(x)):
+                with input_hooks(taps, lambda g, x, acc=acc: acc[g].add(x)):
                     runner.forward(i)
                 hessians = {g: a.hessian() for g, a in acc.items()}
                 for name, lin in todo.items():
@@ -157,7 +158,7 @@ def quantize_model(
                 def observe(n: str, x: torch.Tensor, amax: dict[str, float] = amax) -> None:
                     amax[n] = max(amax.get(n, 0.0), float(x.abs().max()))
 
-                with calib.input_hooks(todo, observe):
+                with input_hooks(todo, observe):
                     runner.forward(i)
                 for name, lin in todo.items():
                     q = _quantize_direct(lin, scheme, spec, dtype)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from edgellm.quant.calibration import LayerParts, LayerwiseRunner, input_hooks
+from edgellm.quant.decoder_parts import LayerParts
+from edgellm.quant.layerwise import LayerwiseRunner, input_hooks
 
 
 class ChannelAbsMax:

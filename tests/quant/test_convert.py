@@ -22,8 +22,10 @@ from safetensors import safe_open
 
 from edgellm.quant import convert as cv
 from edgellm.quant import convert_cli
-from edgellm.quant.convert import ConvertError, ConvertOptions, convert
+from edgellm.quant.convert import convert
 from edgellm.quant.convert_cli import main
+from edgellm.quant.convert_options import ConvertOptions
+from edgellm.quant.convert_source import ConvertError
 from tests.helpers.fixture_paths import FIXTURES, MISSING
 
 BASE = FIXTURES / "base" / "llama"
@@ -234,7 +236,7 @@ def test_gptq_solver_lowers_the_layer_loss_and_act_order_round_trips():
 def test_smoothquant_migrates_outliers_without_changing_the_function(outlier_model):
     from transformers import AutoModelForCausalLM
 
-    from edgellm.quant.calibration import LayerwiseRunner
+    from edgellm.quant.layerwise import LayerwiseRunner
     from edgellm.quant.smoothquant import ChannelAbsMax, smooth_layer
 
     model = AutoModelForCausalLM.from_pretrained(str(outlier_model), dtype=torch.float32).eval()
@@ -244,7 +246,7 @@ def test_smoothquant_migrates_outliers_without_changing_the_function(outlier_mod
     runner = LayerwiseRunner(model, ids.tolist(), batch_size=2)
     parts = runner.parts(0)
     stats_before, stats_after = ChannelAbsMax(), ChannelAbsMax()
-    from edgellm.quant.calibration import input_hooks
+    from edgellm.quant.layerwise import input_hooks
 
     with input_hooks({"q": parts.qkv["q_proj"]}, stats_before):
         runner.forward(0)
@@ -267,7 +269,7 @@ def test_layerwise_replay_and_smoothing_keep_the_function_of_2026_layouts(tiny_d
     unchanged (EXAONE 4's linears read the residual stream: nothing to fold, nothing changed)."""
     from transformers import AutoModelForCausalLM
 
-    from edgellm.quant.calibration import LayerwiseRunner, input_hooks
+    from edgellm.quant.layerwise import LayerwiseRunner, input_hooks
     from edgellm.quant.smoothquant import smooth_layer
 
     src, _ = tiny_dir(arch)

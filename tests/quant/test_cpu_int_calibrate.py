@@ -10,8 +10,8 @@ import torch
 from edgellm.cpu_isa import CpuIsa, detect
 from edgellm.kernels.reference import int_linear_ref
 from edgellm.platform import Platform
+from edgellm.quant.int_codes import Int4Codes, Int8Codes
 from edgellm.quant.linear_kernels.cpu_int import CALIBRATION_ROWS, CpuIntDotKernel, calibrate
-from edgellm.quant.schemes import Int4Codes, Int8Codes
 from tests.helpers.isa_levels import ISA_LEVELS
 
 NEVER = 1 << 62

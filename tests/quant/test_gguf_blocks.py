@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from edgellm.quant import gguf_blocks
-from edgellm.quant.schemes import Int4Codes
+from edgellm.quant.int_codes import Int4Codes
 from tests.helpers.gguf_files import random_rows
 
 

@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edgellm.quant.int_codes import Int4Codes
 from edgellm.quant.linear_kernels.onednn import bf16_linear, onednn_linear, pack_bf16, row_bucket
-from edgellm.quant.schemes import Int4Codes
 
 if TYPE_CHECKING:
     from edgellm.platform import Platform

@@ -41,7 +41,7 @@ from edgellm.quant.linear_kernels.base import LinearKernel
 
 if TYPE_CHECKING:
     from edgellm.platform import Platform
-    from edgellm.quant.schemes import Int4Codes, Int8Codes
+    from edgellm.quant.int_codes import Int4Codes, Int8Codes
 
 logger = logging.getLogger(__name__)
 
@@ -96,8 +96,8 @@ class CpuIntDotKernel(LinearKernel):
 
     def __init__(self, codes: Int4Codes | Int8Codes, native: Any, platform: Platform) -> None:
         from edgellm.kernels.reference import pack_int4_blocks_ref, pack_int_n16_ref, tile_n16_ref
+        from edgellm.quant.int_codes import Int8Codes
         from edgellm.quant.linear_kernels.onednn import pack_bf16
-        from edgellm.quant.schemes import Int8Codes
 
         _, perm = act_order_perm(codes)
         q = codes.codes
@@ -147,7 +147,7 @@ class CpuIntDotKernel(LinearKernel):
             return False, "the C++ CPU kernels did not build"
         if spec.get("dtype") != torch.float32:
             return False, "the model is not fp32"
-        from edgellm.quant.schemes import Int8Codes
+        from edgellm.quant.int_codes import Int8Codes
 
         n, k = codes.codes.shape
         int8 = isinstance(codes, Int8Codes)

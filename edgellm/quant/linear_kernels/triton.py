@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from edgellm import env
-from edgellm.quant.schemes import Int4Codes, Int8Codes
+from edgellm.quant.int_codes import Int4Codes, Int8Codes
 
 
 def use_triton(device: torch.device) -> bool:
