@@ -32,21 +32,24 @@ import httpx
 
 from edgellm.bench import reliability as rl
 from edgellm.bench.machine import machine_info
+from edgellm.bench.reliability_probes import complete_once, stream_chat, wait_idle
+from edgellm.bench.reliability_prompts import TOPICS, WORDS, chat_body
+from edgellm.bench.reliability_report import ms, print_table, write_result
 from edgellm.bench.report import percentile
 
 MODES = ("before_headers", "before_token", "mid_prefill", "mid_decode")
 
 
 def long_question(rng: random.Random, n_words: int) -> str:
-    return f"[{rng.random():.12f}] Summarize this: " + " ".join(rng.choice(rl.WORDS) for _ in range(n_words))
+    return f"[{rng.random():.12f}] Summarize this: " + " ".join(rng.choice(WORDS) for _ in range(n_words))
 
 
 async def probe_loop(client: httpx.AsyncClient, t: rl.Target, expected: str, interval: float,
                      stop: asyncio.Event, out: list[dict[str, Any]]) -> None:
-    body = rl.chat_body(t.model, "What is the capital of France?", 12, stream=False)
+    body = chat_body(t.model, "What is the capital of France?", 12, stream=False)
     while not stop.is_set():
         try:
-            status, data, latency = await rl.complete_once(client, t, body)
+            status, data, latency = await complete_once(client, t, body)
             text = data["choices"][0]["message"]["content"] if status == 200 else None
             ttft = data["edgellm_timing"]["ttft_ms"] / 1000 if status == 200 else None
             out.append({"status": status, "ok": status == 200 and text == expected, "latency": latency,
@@ -62,20 +65,20 @@ async def probe_loop(client: httpx.AsyncClient, t: rl.Target, expected: str, int
 async def one(client: httpx.AsyncClient, t: rl.Target, rng: random.Random, i: int, prefill_s: float,
               long_words: int) -> dict[str, Any]:
     mode = rng.choice(MODES)
-    topic = rng.choice(rl.TOPICS)
+    topic = rng.choice(TOPICS)
     if mode == "before_headers":
-        res = await rl.stream_chat(client, t, rl.chat_body(t.model, f"Tell me about {topic} ({i}).", 64),
+        res = await stream_chat(client, t, chat_body(t.model, f"Tell me about {topic} ({i}).", 64),
                                 stop_after_s=rng.uniform(0.0, 0.01))
     elif mode == "before_token":
         # hang up as soon as the headers are in (they go out before the first token)
-        res = await rl.stream_chat(client, t, rl.chat_body(t.model, f"Tell me about {topic} ({i}).", 64),
+        res = await stream_chat(client, t, chat_body(t.model, f"Tell me about {topic} ({i}).", 64),
                                 stop_after_tokens=0)
     elif mode == "mid_prefill":
-        body = rl.chat_body(t.model, long_question(rng, long_words), 64)
-        res = await rl.stream_chat(client, t, body, stop_after_s=rng.uniform(0.1, 0.9) * prefill_s)
+        body = chat_body(t.model, long_question(rng, long_words), 64)
+        res = await stream_chat(client, t, body, stop_after_s=rng.uniform(0.1, 0.9) * prefill_s)
     else:
-        body = rl.chat_body(t.model, f"Describe a trip to {topic}, day by day ({i}).", 256, ignore_eos=True)
-        res = await rl.stream_chat(client, t, body, stop_after_tokens=rng.randint(1, 24))
+        body = chat_body(t.model, f"Describe a trip to {topic}, day by day ({i}).", 256, ignore_eos=True)
+        res = await stream_chat(client, t, body, stop_after_tokens=rng.randint(1, 24))
     # where the hang-up really happened
     if res.status is None:
         actual = "before_headers"
@@ -94,11 +97,11 @@ async def storm(args: argparse.Namespace, t: rl.Target) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=args.concurrency + 4, max_keepalive_connections=4)
     async with httpx.AsyncClient(timeout=httpx.Timeout(120.0), limits=limits) as client:
         # the reference answer, and how long a long prompt takes to prefill here
-        body = rl.chat_body(t.model, "What is the capital of France?", 12, stream=False)
-        status, data, _ = await rl.complete_once(client, t, body)
+        body = chat_body(t.model, "What is the capital of France?", 12, stream=False)
+        status, data, _ = await complete_once(client, t, body)
         expected = data["choices"][0]["message"]["content"]
-        status, data, _ = await rl.complete_once(
-            client, t, rl.chat_body(t.model, long_question(rng, args.long_words), 1, stream=False))
+        status, data, _ = await complete_once(
+            client, t, chat_body(t.model, long_question(rng, args.long_words), 1, stream=False))
         prefill_s = data["edgellm_timing"]["ttft_ms"] / 1000
         m0 = t.metrics()
         rss_start = t.rss_mb()
@@ -125,18 +128,18 @@ async def storm(args: argparse.Namespace, t: rl.Target) -> dict[str, Any]:
         # warm-up: the same mix, so that the allocator has seen every shape before the baseline
         warm: list[dict[str, Any]] = []
         await asyncio.gather(*[worker(-1 - i, warm) for i in range(args.warmup)])
-        await rl.wait_idle(t, 60)
+        await wait_idle(t, 60)
         await asyncio.sleep(2.0)  # the engine hands freed heap back after 1 s idle
         rss_warm = t.rss_mb()
         await asyncio.gather(*[worker(i, results) for i in range(args.requests)])
         duration = time.perf_counter() - t0
         stop.set()
         await probe
-        after = await rl.wait_idle(t, 60)
+        after = await wait_idle(t, 60)
         await asyncio.sleep(2.0)
         rss_end = t.rss_mb()
         # and it still answers, exactly
-        status, data, _ = await rl.complete_once(client, t, body)
+        status, data, _ = await complete_once(client, t, body)
         final_ok = status == 200 and data["choices"][0]["message"]["content"] == expected
 
     actual = Counter(r["actual"] for r in results)
@@ -184,10 +187,10 @@ async def storm(args: argparse.Namespace, t: rl.Target) -> dict[str, Any]:
                    "every_50_requests": [round(x, 1) for x in rss_samples][:: max(1, len(rss_samples) // 100)]},
         "five_xx": five_xx, "error_events": stream_errors, "busy_503": busy_503,
         "probes": {"count": len(probes), "failed": probe_fail,
-                   "e2e_p50_ms": rl.ms(percentile([p["latency"] for p in probes if p["latency"]], 50)),
-                   "e2e_max_ms": rl.ms(max((p["latency"] for p in probes if p["latency"]), default=None)),
-                   "ttft_p50_ms": rl.ms(percentile([p["ttft"] for p in probes if p.get("ttft")], 50)),
-                   "ttft_max_ms": rl.ms(max((p["ttft"] for p in probes if p.get("ttft")), default=None))},
+                   "e2e_p50_ms": ms(percentile([p["latency"] for p in probes if p["latency"]], 50)),
+                   "e2e_max_ms": ms(max((p["latency"] for p in probes if p["latency"]), default=None)),
+                   "ttft_p50_ms": ms(percentile([p["ttft"] for p in probes if p.get("ttft")], 50)),
+                   "ttft_max_ms": ms(max((p["ttft"] for p in probes if p.get("ttft")), default=None))},
         "final_request_ok": final_ok, "server_log": problems, "machine": machine_info(),
         "server": {"max_num_seqs": t.max_num_seqs, "max_waiting_requests": t.max_waiting_requests},
     }
@@ -208,8 +211,8 @@ def main() -> int:
     args = p.parse_args()
     with rl.server(args) as t:
         result = asyncio.run(storm(args, t))
-    path = rl.write_result("abort_storm", args, result)
-    rl.print_table([("result", result["result"]), ("requests", result["requests"]),
+    path = write_result("abort_storm", args, result)
+    print_table([("result", result["result"]), ("requests", result["requests"]),
                  ("duration", f"{result['duration_s']} s"), ("cancel points", result["cancel_points"]),
                  ("after: running/waiting", f"{result['after']['running']}/{result['after']['waiting']}"),
                  ("after: KV blocks held", result["after"]["kv_blocks_held"]),

@@ -22,11 +22,14 @@ import httpx
 
 from edgellm.bench import reliability as rl
 from edgellm.bench.machine import machine_info
+from edgellm.bench.reliability_probes import complete_once, stream_chat, wait_idle
+from edgellm.bench.reliability_prompts import TOPICS, chat_body
+from edgellm.bench.reliability_report import is_openai_error, ms, print_table, write_result
 from edgellm.bench.report import percentile
 
 
 def question(i: int) -> str:
-    return f"In one sentence, why visit {rl.TOPICS[i]}?"
+    return f"In one sentence, why visit {TOPICS[i]}?"
 
 
 async def sample_rss(t: rl.Target, stop: asyncio.Event, out: list[float]) -> None:
@@ -45,10 +48,10 @@ async def overload(args: argparse.Namespace, t: rl.Target) -> dict[str, Any]:
         # references: each question alone (non-streamed, greedy)
         refs: dict[int, str] = {}
         for i in range(args.questions):
-            _, data, _ = await rl.complete_once(client, t, rl.chat_body(t.model, question(i), args.max_tokens,
+            _, data, _ = await complete_once(client, t, chat_body(t.model, question(i), args.max_tokens,
                                                                   stream=False))
             refs[i] = data["choices"][0]["message"]["content"]
-        await rl.wait_idle(t)
+        await wait_idle(t)
         await asyncio.sleep(2.0)
         rss_before = t.rss_mb()
         rss: list[float] = []
@@ -60,7 +63,7 @@ async def overload(args: argparse.Namespace, t: rl.Target) -> dict[str, Any]:
         for wave in range(args.waves):
             async def one(i: int, wave: int = wave) -> dict[str, Any]:
                 q = i % args.questions
-                r = await rl.stream_chat(client, t, rl.chat_body(t.model, question(q), args.max_tokens))
+                r = await stream_chat(client, t, chat_body(t.model, question(q), args.max_tokens))
                 return {"wave": wave, "i": i, "status": r.status, "ttft": r.ttft, "e2e": r.e2e,
                         "headers_at": r.headers_at, "retry_after": r.retry_after, "error": r.error,
                         "correct": r.status == 200 and r.done and r.text == refs[q]}
@@ -72,24 +75,24 @@ async def overload(args: argparse.Namespace, t: rl.Target) -> dict[str, Any]:
                     m = await asyncio.to_thread(t.metrics)
                     if m.get("edgellm:requests_in_flight", 0) < capacity:
                         break  # no longer full
-                    r = await rl.stream_chat(client, t, rl.chat_body(t.model, question(0), args.max_tokens))
+                    r = await stream_chat(client, t, chat_body(t.model, question(0), args.max_tokens))
                     if r.status == 503:
                         probes.append(r.headers_at or 0.0)
 
             wave_results, _ = await asyncio.gather(asyncio.gather(*[one(i) for i in range(per_wave)]), probe_full())
             results += wave_results
-            await rl.wait_idle(t)
+            await wait_idle(t)
         duration = time.perf_counter() - t0
         await asyncio.sleep(2.0)
         rss_after = t.rss_mb()
         stop.set()
         await sampler
-        after = await rl.wait_idle(t)
+        after = await wait_idle(t)
 
     statuses = Counter(str(r["status"]) for r in results)
     admitted = [r for r in results if r["status"] == 200]
     rejected = [r for r in results if r["status"] in (429, 503)]
-    bad_rejects = [r for r in rejected if not r["retry_after"] or not rl.is_openai_error(r["error"])]
+    bad_rejects = [r for r in rejected if not r["retry_after"] or not is_openai_error(r["error"])]
     other_5xx = [r for r in results if r["status"] and r["status"] >= 500 and r["status"] != 503]
     wrong = [r for r in admitted if not r["correct"]]
     ttfts = [r["ttft"] for r in admitted if r["ttft"] is not None]
@@ -116,13 +119,13 @@ async def overload(args: argparse.Namespace, t: rl.Target) -> dict[str, Any]:
         "statuses": dict(statuses), "admitted": len(admitted), "rejected": len(rejected),
         "rejected_with_retry_after": sum(1 for r in rejected if r["retry_after"]),
         "other_5xx": len(other_5xx), "admitted_wrong_output": len(wrong),
-        "reject_latency_ms": {"p50": rl.ms(percentile(reject_lat, 50)), "p95": rl.ms(percentile(reject_lat, 95)),
-                              "max": rl.ms(max(reject_lat, default=None))},
-        "lone_503_at_full_server_ms": {"count": len(probes), "p50": rl.ms(percentile(probes, 50)),
-                                       "max": rl.ms(max(probes, default=None))},
-        "admitted_ttft_ms": {"p50": rl.ms(percentile(ttfts, 50)), "p95": rl.ms(percentile(ttfts, 95)), "max": rl.ms(max(ttfts, default=None))},
-        "admitted_e2e_ms": {"p50": rl.ms(percentile([r["e2e"] for r in admitted], 50)),
-                            "p95": rl.ms(percentile([r["e2e"] for r in admitted], 95))},
+        "reject_latency_ms": {"p50": ms(percentile(reject_lat, 50)), "p95": ms(percentile(reject_lat, 95)),
+                              "max": ms(max(reject_lat, default=None))},
+        "lone_503_at_full_server_ms": {"count": len(probes), "p50": ms(percentile(probes, 50)),
+                                       "max": ms(max(probes, default=None))},
+        "admitted_ttft_ms": {"p50": ms(percentile(ttfts, 50)), "p95": ms(percentile(ttfts, 95)), "max": ms(max(ttfts, default=None))},
+        "admitted_e2e_ms": {"p50": ms(percentile([r["e2e"] for r in admitted], 50)),
+                            "p95": ms(percentile([r["e2e"] for r in admitted], 95))},
         "rss_mb": {"before": rss_before, "peak": rss_peak, "after": rss_after,
                    "peak_delta": None if rss_peak is None or rss_before is None else round(rss_peak - rss_before, 1),
                    "after_delta": None if rss_after is None or rss_before is None else round(rss_after - rss_before, 1)},
@@ -147,8 +150,8 @@ def main() -> int:
     args = p.parse_args()
     with rl.server(args) as t:
         result = asyncio.run(overload(args, t))
-    path = rl.write_result("overload", args, result)
-    rl.print_table([("result", result["result"]),
+    path = write_result("overload", args, result)
+    print_table([("result", result["result"]),
                  ("capacity / concurrent", f"{result['capacity']} / {result['concurrent_per_wave']} x {args.waves}"),
                  ("statuses", result["statuses"]), ("503 with Retry-After", result["rejected_with_retry_after"]),
                  ("503 latency in the burst", result["reject_latency_ms"]),

@@ -29,12 +29,15 @@ import httpx
 
 from edgellm.bench import reliability as rl
 from edgellm.bench.machine import machine_info
+from edgellm.bench.reliability_probes import stream_chat, wait_idle
+from edgellm.bench.reliability_prompts import SYSTEM, TOPICS, WORDS
+from edgellm.bench.reliability_report import ms, print_table, write_result
 from edgellm.bench.report import percentile
 
-QUESTIONS = [f"What is one thing to see in {t}?" for t in rl.TOPICS[:8]]  # --questions of them are used
+QUESTIONS = [f"What is one thing to see in {t}?" for t in TOPICS[:8]]  # --questions of them are used
 COMPLETIONS = ["The three best things about trains are", "Once upon a time, in a small harbor town,",
                "A good packing list for a rainy week:",
-               "Notes: " + " ".join(rl.WORDS[i % len(rl.WORDS)] for i in range(0, 7 * 430, 7)) + "\nSummary:"]
+               "Notes: " + " ".join(WORDS[i % len(WORDS)] for i in range(0, 7 * 430, 7)) + "\nSummary:"]
 SEEDED = [(QUESTIONS[i], 100 + i) for i in range(4)]
 KINDS = ["chat_stream", "chat", "chat_logprobs", "chat_sentences", "completion_stream", "completion",
          "seeded_chat", "seeded_n2", "barge_in"]
@@ -42,7 +45,7 @@ KINDS = ["chat_stream", "chat", "chat_logprobs", "chat_sentences", "completion_s
 
 def chat(model: str, q: str, max_tokens: int, **kw: Any) -> dict[str, Any]:
     return {"model": model, "max_tokens": max_tokens, "temperature": 0,
-            "messages": [{"role": "system", "content": rl.SYSTEM}, {"role": "user", "content": q}], **kw}
+            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}], **kw}
 
 
 async def post(client: httpx.AsyncClient, t: rl.Target, path: str, body: dict[str, Any]) -> tuple[int, Any]:
@@ -82,7 +85,7 @@ async def one(client: httpx.AsyncClient, t: rl.Target, rng: random.Random, refs:
         if kind == "chat_sentences":
             extra["stream_options"] = {"chunking": "sentence"}
         cut = rng.randint(1, 8) if kind == "barge_in" else None
-        r = await rl.stream_chat(client, t, chat(t.model, q, n, **extra), stop_after_tokens=cut)
+        r = await stream_chat(client, t, chat(t.model, q, n, **extra), stop_after_tokens=cut)
         out.update(status=r.status, error=r.error, ttft=r.ttft)
         want = refs[("chat", q)]
         out["ok"] = r.status == 200 and r.error is None and (
@@ -98,7 +101,7 @@ async def one(client: httpx.AsyncClient, t: rl.Target, rng: random.Random, refs:
         p = rng.choice(COMPLETIONS)
         body = {"model": t.model, "prompt": p, "max_tokens": n, "temperature": 0}
         if kind == "completion_stream":
-            r = await rl.stream_chat(client, t, {**body, "stream": True}, path="/v1/completions")
+            r = await stream_chat(client, t, {**body, "stream": True}, path="/v1/completions")
             out.update(status=r.status, error=r.error, ttft=r.ttft)
             out["ok"] = r.status == 200 and r.done and r.error is None and r.text == refs[("completion", p)]
         else:
@@ -123,7 +126,7 @@ async def soak(args: argparse.Namespace, t: rl.Target) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=conc + 4, max_keepalive_connections=conc + 4)
     async with httpx.AsyncClient(timeout=httpx.Timeout(300.0), limits=limits) as client:
         refs = await references(client, t, args.max_tokens)
-        await rl.wait_idle(t)
+        await wait_idle(t)
         await asyncio.sleep(2.0)
         rss_start = t.rss_mb()
         samples: list[dict[str, Any]] = []
@@ -164,7 +167,7 @@ async def soak(args: argparse.Namespace, t: rl.Target) -> dict[str, Any]:
 
         await asyncio.gather(sampler(), *[client_loop() for _ in range(conc)])
         duration = time.perf_counter() - t0
-        after = await rl.wait_idle(t)
+        after = await wait_idle(t)
         await asyncio.sleep(2.0)
         rss_end = t.rss_mb()
 
@@ -198,7 +201,7 @@ async def soak(args: argparse.Namespace, t: rl.Target) -> dict[str, Any]:
         "by_kind": dict(Counter(r["kind"] for r in results)), "errors": len(errors),
         "error_examples": [str(r["error"])[:200] for r in errors[:5]],
         "mismatches": len(mismatches), "mismatch_kinds": dict(Counter(r["kind"] for r in mismatches)),
-        "ttft_ms": {"p50": rl.ms(percentile(ttfts, 50)), "p95": rl.ms(percentile(ttfts, 95))},
+        "ttft_ms": {"p50": ms(percentile(ttfts, 50)), "p95": ms(percentile(ttfts, 95))},
         "rss_mb": {"start": rss_start, "steady_first": rss_warm, "steady_max": max(rss_steady, default=None),
                    "end_idle": rss_end, "delta_end_vs_start": None if rss_end is None or rss_start is None
                    else round(rss_end - rss_start, 1), "steady_slope_mb_per_min": slope},
@@ -227,8 +230,8 @@ def main() -> int:
         del COMPLETIONS[1:3]  # keep a short one and the long one
     with rl.server(args) as t:
         result = asyncio.run(soak(args, t))
-    path = rl.write_result("soak", args, result)
-    rl.print_table([("result", result["result"]), ("duration", f"{result['duration_s']} s"),
+    path = write_result("soak", args, result)
+    print_table([("result", result["result"]), ("duration", f"{result['duration_s']} s"),
                  ("requests", f"{result['requests']} {result['by_kind']}"),
                  ("errors / mismatches", f"{result['errors']} / {result['mismatches']}"),
                  ("TTFT p50/p95", result["ttft_ms"]), ("RSS", {k: v for k, v in result["rss_mb"].items()}),

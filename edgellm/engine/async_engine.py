@@ -5,24 +5,28 @@ go through an inbox the engine thread drains before every step, so the
 engine's state is only ever touched by its own thread; an aborted request's
 KV blocks are free before the next step runs. An exception inside a step
 fails the requests of that step and the engine keeps serving the rest.
+
+What crosses between the two sides is in engine/handoff.py; the thread's
+upkeep outside its steps (matmul warm-up, heap trim when idle) in
+engine/upkeep.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
-import sys
 import threading
 import time
 from collections.abc import AsyncIterator
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
 from typing import Any
 
 from edgellm.config import EngineConfig
 from edgellm.engine.engine import LLMEngine
+from edgellm.engine.handoff import PendingAdd, RequestStream, deliver, route, send
 from edgellm.engine.output import RequestOutput
+from edgellm.engine.request_checks import check_stop_strings
+from edgellm.engine.upkeep import TRIM_AFTER_IDLE_S, release_memory, warm_matmuls
 from edgellm.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -32,41 +36,6 @@ class EngineDeadError(RuntimeError):
     pass
 
 
-@dataclass
-class _Add:
-    request_id: str
-    prompt_ids: list[int]
-    prompt_text: str | None
-    params: SamplingParams
-    stream: _Stream
-    grammar: Any = None  # the compiled structured-output grammar
-    priority: int = 0
-
-
-class _Stream:
-    """Outputs of one request, handed from the engine thread to the event loop."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        self.finished = False
-
-
-def warm_matmuls(engine: LLMEngine) -> None:
-    """CPU fast mode: build oneDNN's matmul primitives for every step size now rather than in the
-    first requests of each size (edgellm/quant/linear_kernels/cpu_fast.warm_matmul_shapes)."""
-    from edgellm.quant.linear_kernels.cpu_fast import warm_matmul_shapes
-
-    if not str(engine.config.device).startswith("cpu"):
-        return
-    t0 = time.perf_counter()
-    runs = warm_matmul_shapes(
-        engine.runner.model, engine.config.max_num_batched_tokens, engine.config.max_num_seqs
-    )
-    if runs:
-        logger.info("built %d matmul shapes in %.1f s", runs, time.perf_counter() - t0)
-
-
 class AsyncEngine:
     def __init__(self, engine: LLMEngine | EngineConfig) -> None:
         """Given a config, the engine is built on the engine thread itself: torch's CPU kernels
@@ -74,9 +43,9 @@ class AsyncEngine:
         after loading on the first would run two teams on the same cores."""
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._adds: list[_Add] = []
+        self._adds: list[PendingAdd] = []
         self._aborts: list[str] = []
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, RequestStream] = {}
         self._stopped = False
         self._dead: BaseException | None = None
         self.last_step_time = 0.0
@@ -142,8 +111,7 @@ class AsyncEngine:
         """Tokenize and validate in the caller's thread; raises ValueError on bad input."""
         text, ids = self.engine.tokenize_prompt(prompt)
         self.engine.validate_prompt(ids, params)
-        if params.stop_strings and self.engine.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer; this model has none")
+        check_stop_strings(params, self.engine.tokenizer)
         return text, ids
 
     async def compile_grammar(self, params: SamplingParams) -> None:
@@ -171,14 +139,14 @@ class AsyncEngine:
         if params.structured_outputs is not None:
             # compiled on the grammar thread: the engine keeps stepping the others meanwhile
             grammar = await asyncio.wrap_future(self.engine.grammar_future(params))
-        stream = _Stream(asyncio.get_running_loop())
+        stream = RequestStream(asyncio.get_running_loop())
         with self._wake:
             if self._dead is not None or self._stopped:
                 raise EngineDeadError("the engine has stopped")
             if request_id in self._streams:
                 raise ValueError(f"request id {request_id!r} is already in use")
             self._streams[request_id] = stream
-            self._adds.append(_Add(request_id, ids, text, params, stream, grammar, priority))
+            self._adds.append(PendingAdd(request_id, ids, text, params, stream, grammar, priority))
             self._wake.notify()
         try:
             while True:
@@ -207,29 +175,16 @@ class AsyncEngine:
 
     # --------------------------------------------------------- engine thread
     def _deliver(self, outputs: list[RequestOutput]) -> None:
-        by_loop: dict[
-            asyncio.AbstractEventLoop, list[tuple[_Stream, RequestOutput | BaseException]]
-        ] = {}
         with self._lock:
-            for out in outputs:
-                stream = self._streams.get(out.request_id)
-                if stream is None:
-                    continue
-                if out.finished:
-                    del self._streams[out.request_id]
-                by_loop.setdefault(stream.loop, []).append((stream, out))
-        for loop, items in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_put_all, items)
-            except RuntimeError:
-                pass  # the caller's loop is closed: nobody is listening
+            by_loop = route(self._streams, outputs)
+        deliver(by_loop)
 
     def _drain_inbox(self) -> None:
         with self._lock:
             adds, self._adds = self._adds, []
             aborts, self._aborts = self._aborts, []
         aborted = set(aborts)
-        failed: list[tuple[_Stream, RequestOutput | BaseException]] = []
+        failed: list[tuple[RequestStream, RequestOutput | BaseException]] = []
         for add in adds:
             if add.request_id in aborted:
                 with self._lock:
@@ -259,7 +214,7 @@ class AsyncEngine:
             with self._lock:
                 self._streams.pop(rid, None)
         for stream, error in failed:
-            _send(stream, error)
+            send(stream, error)
 
     def _idle(self) -> bool:
         return not self._adds and not self._aborts and not self.engine.has_unfinished_requests()
@@ -271,7 +226,7 @@ class AsyncEngine:
                 with self._wake:
                     if not self._stopped and self._idle():
                         # after a burst, give freed heap back once the engine has been idle a moment
-                        self._wake.wait(timeout=_TRIM_AFTER_IDLE_S if worked else None)
+                        self._wake.wait(timeout=TRIM_AFTER_IDLE_S if worked else None)
                     if self._stopped:
                         break
                     idle = self._idle()
@@ -296,7 +251,7 @@ class AsyncEngine:
                 streams, self._streams = list(self._streams.values()), {}
                 self._adds = []
             for stream in streams:
-                _send(stream, EngineDeadError("engine shut down"))
+                send(stream, EngineDeadError("engine shut down"))
 
     def _iterate(self) -> None:
         """Drain the inbox and run one step. A failure fails the requests it concerned; the
@@ -319,7 +274,7 @@ class AsyncEngine:
                 for rid, _ in lost:
                     del self._streams[rid]
             for _, stream in lost:
-                _send(stream, RuntimeError("internal error in the engine (adding the request)"))
+                send(stream, RuntimeError("internal error in the engine (adding the request)"))
             return
         if not self.engine.has_unfinished_requests():
             return
@@ -338,35 +293,3 @@ class AsyncEngine:
         self.last_step_time = time.perf_counter() - start
         if outputs:
             self._deliver(outputs)
-
-
-_TRIM_AFTER_IDLE_S = 1.0
-_malloc_trim: Any = None
-
-
-def release_memory() -> None:
-    """Return freed heap to the OS (glibc keeps it: large temporaries of long prefills fragment the
-    heap and RSS creeps up, though nothing leaks). Only run when the engine is idle. (No
-    gc.collect here: with transformers loaded a full collection is slow.)"""
-    global _malloc_trim
-    if _malloc_trim is None:
-        _malloc_trim = False
-        if sys.platform.startswith("linux"):
-            try:
-                _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
-            except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
-                pass
-    if _malloc_trim:
-        _malloc_trim(0)
-
-
-def _send(stream: _Stream, item: RequestOutput | BaseException) -> None:
-    try:
-        stream.loop.call_soon_threadsafe(_put_all, [(stream, item)])
-    except RuntimeError:
-        pass  # the caller's loop is closed: nobody is listening
-
-
-def _put_all(items: list[tuple[_Stream, RequestOutput | BaseException]]) -> None:
-    for stream, item in items:
-        stream.queue.put_nowait(item)

@@ -3,7 +3,9 @@
 Construction: the checkpoint, tokenizer and model (engine/loading.py), the KV cache sized by its
 byte budget, in one pool or two (engine/kv_layout.py, engine/kv_sizing.py; on CUDA the budget
 --gpu-memory-utilization leaves after a memory profile, engine/memory_profile.py), then the block
-manager, scheduler, grammar service and runner.
+manager, scheduler, grammar service and runner. A request is checked on the way in
+(engine/request_checks.py); each sampled token is applied to its sequence and reported as a
+RequestOutput (engine/step_output.py); the figures for /metrics come from engine/stats.py.
 """
 
 from __future__ import annotations
@@ -17,20 +19,17 @@ from typing import Any, cast
 import torch
 
 from edgellm.config import EngineConfig
-from edgellm.engine import memory_profile
+from edgellm.engine import request_checks
 from edgellm.engine.kv_layout import make_block_manager, plan_kv_cache
 from edgellm.engine.kv_publisher import make_publisher
 from edgellm.engine.loading import load
-from edgellm.engine.output import (
-    CompletionOutput,
-    RequestMetrics,
-    RequestOutput,
-    TextState,
-    check_finish,
-)
+from edgellm.engine.memory_profile import measured_kv_budget
+from edgellm.engine.output import CompletionOutput, RequestOutput, TextState
 from edgellm.engine.runner import ModelRunner
 from edgellm.engine.scheduler import Scheduler
 from edgellm.engine.sequence import FinishReason, Sequence, Status
+from edgellm.engine.stats import engine_stats, kv_cache_info
+from edgellm.engine.step_output import Logprob, append_token, crosses_long_rope, request_output
 from edgellm.sampling import GrammarMasks, Sampler, SamplingParams
 from edgellm.structured.grammar import GrammarService
 
@@ -49,20 +48,7 @@ class LLMEngine:
         requested_len = loaded.requested_len
         mcfg = self.model_config
 
-        measured = None
-        if self.device.type == "cuda" and config.kv_cache_memory is None:
-            mem = memory_profile.measure(
-                self.device,
-                lambda: memory_profile.profile_step(
-                    self.model,
-                    config.block_size,
-                    self.kv_dtype,
-                    self.device,
-                    min(config.max_num_batched_tokens, requested_len),
-                    config.max_num_seqs,
-                ),
-            )
-            measured = memory_profile.kv_budget(mem, config.gpu_memory_utilization)
+        measured = measured_kv_budget(self.model, config, self.device, self.kv_dtype, requested_len)
         layout = plan_kv_cache(
             self.model, config, self.device, self.kv_dtype, requested_len, measured
         )
@@ -119,12 +105,7 @@ class LLMEngine:
         return b""
 
     def tokenize_prompt(self, prompt: str | Seq[int]) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("this model has no tokenizer: give the prompt as token ids")
-            return prompt, self.tokenizer.encode(prompt)
-        ids = [int(t) for t in prompt]
-        return None, ids
+        return request_checks.tokenize_prompt(self.tokenizer, prompt)
 
     def add_request(
         self,
@@ -145,8 +126,7 @@ class LLMEngine:
         self.validate_priority(priority)
         text, ids = self.tokenize_prompt(prompt)
         self.validate_prompt(ids, params)
-        if params.stop_strings and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer; this model has none")
+        request_checks.check_stop_strings(params, self.tokenizer)
         seq = Sequence(
             request_id,
             ids,
@@ -177,27 +157,10 @@ class LLMEngine:
         return self.grammars
 
     def validate_priority(self, priority: int) -> None:
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise TypeError(f"priority must be an integer, got {priority!r}")
-        if priority != 0 and self.config.scheduling_policy != "priority":
-            raise ValueError(
-                f"Got priority {priority} but priority scheduling is not enabled "
-                f"(start the engine with scheduling_policy='priority')"
-            )
+        request_checks.check_priority(priority, self.config.scheduling_policy)
 
     def validate_prompt(self, ids: list[int], params: SamplingParams) -> None:
-        if not ids:
-            raise ValueError("the prompt is empty")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(
-                f"the prompt has {len(ids)} tokens; this model accepts at most "
-                f"{self.max_model_len - 1} "
-                f"(max_model_len {self.max_model_len}, one position is kept for the output)"
-            )
-        vocab = self.model_config.vocab_size
-        bad = next((t for t in ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise ValueError(f"token id {bad} is out of the vocabulary (size {vocab})")
+        request_checks.check_prompt(ids, self.max_model_len, self.model_config.vocab_size)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Stop a request now; its KV blocks are free when this returns."""
@@ -274,88 +237,20 @@ class LLMEngine:
             self.kv_publisher.close()
 
     def _append_token(
-        self,
-        seq: Sequence,
-        token: int,
-        logprob: tuple[float, list[tuple[int, float]]] | None,
-        now: float,
+        self, seq: Sequence, token: int, logprob: Logprob | None, now: float
     ) -> RequestOutput:
-        seq.append_token(token)
-        if logprob is not None:
-            seq.logprobs.append(logprob)
-        if seq.timing.first_token is None:
-            seq.timing.first_token = now
         state = self.text[seq.request_id]
-        reason = check_finish(seq, token, self.max_model_len)
-        # a stop token (EOS, stop_token_ids) ends the text without its own text (as vLLM does),
-        # which matters once special tokens are decoded (skip_special_tokens=False)
-        stopped_by_token = reason is FinishReason.STOP and not seq.params.include_stop_str_in_output
-        stop_str = None if stopped_by_token else state.add_token(token)
-        if seq.grammar is not None:
-            if not seq.grammar.accept(token):
-                seq.error = (
-                    f"token {token} is not allowed by the request's structured-output grammar"
-                )
-                self.scheduler.finish(seq, FinishReason.ERROR)
-                return self._finalize(seq, [token])
-            if seq.grammar.is_terminated and reason is None:
-                reason = FinishReason.STOP
-        if stop_str is not None:
-            seq.stop_reason = stop_str
-            reason = FinishReason.STOP
+        reason = append_token(seq, token, logprob, now, state, self.max_model_len)
         if reason is None:
-            threshold = self.model.model.rotary.long_threshold
-            if (
-                threshold is not None
-                and seq.num_tokens == threshold + 1
-                and seq.num_computed_tokens == threshold
-            ):
-                # longrope: crossing the pretraining length switches every position to the long
-                # factors, so the cached K (rotated with the short ones) is recomputed, as
-                # transformers does for Phi-3.
+            if crosses_long_rope(seq, self.model.model.rotary.long_threshold):
                 self.scheduler.recompute(seq)
             return self._output(seq, [token])
-        state.finish(stop_str, seq.params.include_stop_str_in_output)
         self.scheduler.finish(seq, reason)
         return self._finalize(seq, [token])
 
     def _output(self, seq: Sequence, delta_ids: list[int]) -> RequestOutput:
         state = self.text[seq.request_id]
-        delta = state.release(seq.is_finished)
-        completion = CompletionOutput(
-            index=0,
-            text=state.text[: state.released],
-            token_ids=list(seq.output_token_ids),
-            finish_reason=seq.finish_reason.value if seq.finish_reason else None,
-            stop_reason=seq.stop_reason,
-            logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
-        )
-        t = seq.timing
-        metrics = RequestMetrics(
-            t.arrival,
-            t.first_scheduled,
-            t.first_token,
-            t.finished,
-            seq.num_prompt_tokens,
-            seq.num_cached_tokens,
-            len(seq.output_token_ids),
-            seq.num_preemptions,
-        )
-        logits = (
-            torch.cat(seq.prompt_logits) if seq.is_finished and seq.want_prompt_logits else None
-        )
-        return RequestOutput(
-            request_id=seq.request_id,
-            prompt=self.prompts.get(seq.request_id),
-            prompt_token_ids=seq.prompt_token_ids,
-            outputs=[completion],
-            finished=seq.is_finished,
-            delta_text=delta,
-            delta_token_ids=delta_ids,
-            metrics=metrics,
-            prompt_logits=logits,
-            error=seq.error,
-        )
+        return request_output(seq, state, self.prompts.get(seq.request_id), delta_ids)
 
     def _finalize(self, seq: Sequence, delta_ids: list[int] | None = None) -> RequestOutput:
         seq.timing.finished = time.monotonic()
@@ -395,26 +290,10 @@ class LLMEngine:
 
     def cache_info(self) -> dict[str, str]:
         """The KV cache's configuration as vLLM's cache_config_info labels (values are str())."""
-        return {
-            "block_size": str(self.config.block_size),
-            "cache_dtype": self.config.kv_cache_dtype,
-            "enable_prefix_caching": str(bool(self.config.enable_prefix_caching)),
-            "num_gpu_blocks": str(self.block_manager.num_blocks),
-        }
+        return kv_cache_info(self.config, self.block_manager)
 
     def stats(self) -> dict[str, float]:
-        bm = self.block_manager
-        return {
-            "num_running": len(self.scheduler.running),
-            "num_waiting": len(self.scheduler.waiting),
-            "kv_blocks_total": bm.num_blocks,
-            "kv_blocks_held": bm.num_held_blocks,
-            "kv_usage": bm.num_held_blocks / bm.num_blocks,
-            "prefix_cache_queries": bm.prefix_queries,
-            "prefix_cache_hits": bm.prefix_hits,
-            "num_preemptions": self.scheduler.num_preemptions,
-            "num_steps": self.num_steps,
-        }
+        return engine_stats(self.scheduler, self.block_manager, self.num_steps)
 
 
 __all__ = ["CompletionOutput", "LLMEngine", "RequestOutput", "Status"]

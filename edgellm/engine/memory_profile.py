@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from edgellm.config import EngineConfig
 from edgellm.engine.runner import ModelRunner
 from edgellm.engine.scheduler import ScheduledSeq, SchedulerOutput
 from edgellm.engine.sequence import Sequence
@@ -99,3 +100,28 @@ def measure(device: torch.device, step: Callable[[], object]) -> DeviceMemory:
         total / 2**30,
     )
     return mem
+
+
+def measured_kv_budget(
+    model: CausalLM,
+    config: EngineConfig,
+    device: torch.device,
+    kv_dtype: torch.dtype,
+    requested_len: int,
+) -> int | None:
+    """The KV budget from a profile of the largest step, on CUDA when the config gives no
+    kv_cache_memory; None otherwise (the cache is then sized from the config alone)."""
+    if device.type != "cuda" or config.kv_cache_memory is not None:
+        return None
+    mem = measure(
+        device,
+        lambda: profile_step(
+            model,
+            config.block_size,
+            kv_dtype,
+            device,
+            min(config.max_num_batched_tokens, requested_len),
+            config.max_num_seqs,
+        ),
+    )
+    return kv_budget(mem, config.gpu_memory_utilization)

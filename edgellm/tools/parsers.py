@@ -38,7 +38,8 @@ class ToolCallParser:
 
     `special_tokens`: the format's markers are special tokens of the models that write it, so
     their output is decoded with special tokens kept (skip_special_tokens false) while tools are
-    on; the stop token's own text is left out of the output either way (engine._append_token)."""
+    on; the stop token's own text is left out of the output either way
+    (engine/step_output.append_token)."""
 
     special_tokens = False
 

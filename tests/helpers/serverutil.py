@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from edgellm.bench.reliability import is_openai_error  # noqa: F401  (re-exported for the tests)
+from edgellm.bench.reliability_report import is_openai_error  # noqa: F401  (re-exported for the tests)
 from edgellm.bench.servers import (  # noqa: F401  (re-exported for the tests)
     ServerProcess,
     free_port,
