@@ -134,9 +134,10 @@ def _weights(n: int, k: int, dev: torch.device, dtype: torch.dtype) -> dict[str,
 
 def _kernels(x: torch.Tensor, w: dict[str, Any], iters: int) -> dict[str, tuple[Callable, int]]:
     """kind -> (run() -> (seconds, error), weight bytes read)."""
-    from edgellm.kernels.dequant_gemm import w4a16_gemm, w8a16_gemm
+    from edgellm.kernels.dequant_gemm import w4a16_gemm
     from edgellm.kernels.fp8_gemm import fp8_gemm, fp8_gemm_ref
     from edgellm.kernels.grouped_gemm import w8g_gemm, w8g_gemm_ref
+    from edgellm.kernels.int8_gemm import w8a16_gemm
 
     n, k = w["w8"].shape
 

@@ -13,6 +13,7 @@ import torch
 from edgellm.kernels import dequant_gemm as dq
 from edgellm.kernels import fp8_gemm as f8
 from edgellm.kernels import int4_layouts as L
+from edgellm.kernels import int8_gemm as i8
 from tests.helpers.fixture_paths import FIXTURES
 from tests.helpers.triton_device import DEVICE
 
@@ -192,7 +193,7 @@ def test_fixture_layers_through_kernels():
     )
     int8 = _load("llmcompressor_w8a8_int8")
     wi, si = int8[name + ".weight"].to(DEVICE), int8[name + ".weight_scale"].to(DEVICE)
-    close(dq.w8a16_gemm(x, wi, si), x.float() @ (wi.float() * si.float()).t(), torch.float16)
+    close(i8.w8a16_gemm(x, wi, si), x.float() @ (wi.float() * si.float()).t(), torch.float16)
     fp8 = _load("llmcompressor_fp8_dynamic")
     wf, sf = fp8[name + ".weight"].to(DEVICE), fp8[name + ".weight_scale"].to(DEVICE)
     close(
@@ -280,9 +281,9 @@ def test_w8a16_gemm(dtype, m, split_k, per_tensor):
     s = torch.rand(1 if per_tensor else n, 1, generator=g).half() * 0.01 + 0.001
     x = torch.randn(m, k, generator=g).to(dtype)
     bias = torch.randn(n, generator=g).to(dtype)
-    ref = dq.w8a16_gemm_ref(x.float(), w, s, bias.float())
+    ref = i8.w8a16_gemm_ref(x.float(), w, s, bias.float())
     x, w, s, bias = x.to(DEVICE), w.to(DEVICE), s.to(DEVICE), bias.to(DEVICE)
-    close(dq.w8a16_gemm(x, w, s, bias=bias, split_k=split_k), ref, dtype)
+    close(i8.w8a16_gemm(x, w, s, bias=bias, split_k=split_k), ref, dtype)
 
 
 # -- FP8 --

@@ -56,7 +56,7 @@ class Int8W8A8Kernel:
             xq, xs = quant_int8_ref(x2, static)
             w, ws = self.weight[start:end], self.scale[start:end]
             if self.cuda:
-                from edgellm.kernels.dequant_gemm import w8a16_gemm
+                from edgellm.kernels.int8_gemm import w8a16_gemm
 
                 parts.append(w8a16_gemm((xq.float() * xs).to(x.dtype), w, ws[:, None]).float())
             elif x2.shape[0]:
@@ -83,7 +83,7 @@ class Int8WeightOnlyKernel:
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.cuda:
-            from edgellm.kernels.dequant_gemm import w8a16_gemm
+            from edgellm.kernels.int8_gemm import w8a16_gemm
 
             return w8a16_gemm(x, self.weight, self.scale, bias)
         return F.linear(x, self.dense, bias)
