@@ -1,5 +1,7 @@
-"""How many tokens of context the KV cache holds: one pool over every layer against the sliding-window
-layers' own pool (edgellm/engine/kv_layout.py), by cache budget and max_num_seqs.
+"""How many tokens of context the KV cache holds: one pool over every layer, or the split.
+
+The split: the sliding-window layers' own pool (edgellm/engine/kv_layout.py), by cache budget and
+max_num_seqs.
 
     python benchmarks/kv_capacity.py                                # Gemma 3 270M Q4_K_M
     python benchmarks/kv_capacity.py --model <gguf or HF dir> --budget-mib 256,1024 --seqs 1,16
