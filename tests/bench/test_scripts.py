@@ -147,6 +147,17 @@ def quick_guidellm_check(tmp_path):
     assert r["comparison"]
 
 
+def quick_kv_capacity(tmp_path):
+    from tests.helpers.tiny_models import build_tiny
+
+    path, _ = build_tiny("gemma3", tmp_path / "gemma3")  # one sliding layer (window 24), one global
+    r = run_json("kv_capacity", tmp_path, "--model", str(path), "--budget-mib", "4", "--seqs", "1,64")
+    one, many = r["rows"]
+    assert r["window"] == 24 and r["sliding_layers"] == 1
+    assert one["split_tokens"] > one["one_pool_tokens"]  # one sequence: the window pool is small
+    assert many["split_tokens"] >= many["one_pool_tokens"]  # never fewer than one pool
+
+
 def quick_llama_cpp_greedy(tmp_path):
     from edgellm.bench.llama_cpp import find_llama_server
 
@@ -175,7 +186,7 @@ def quick_hf_baseline_server(tmp_path):
 
 
 QUICK = {name[len("quick_"):]: fn for name, fn in dict(globals()).items() if name.startswith("quick_")}
-FAST = {"cpu_int_dot", "gguf_kquant_decode", "prefix_attention", "profile_decode"}  # the rest: over ~30 s each
+FAST = {"cpu_int_dot", "gguf_kquant_decode", "kv_capacity", "prefix_attention", "profile_decode"}  # the rest: over ~30 s each
 
 
 def test_every_script_has_a_quick_mode():
