@@ -69,9 +69,10 @@ def plan_kv_cache(
     per_all = kv_cache_bytes_per_block(model, bs, kv_dtype)
     split = separate_window(model)
     budget = cache_budget(config, device, measured_budget)
+    # the budget read once (MemAvailable moves), handed on as the one size_kv_cache uses
     if split is None or budget < per_all:  # one pool (a budget short of a block errors there)
         num_blocks, max_len = size_kv_cache(
-            per_all, config, device, kv_dtype, requested_len, measured_budget
+            per_all, config, device, kv_dtype, requested_len, budget
         )
         return KVLayout(num_blocks, max_len)
     window, num_sliding = split
@@ -84,7 +85,7 @@ def plan_kv_cache(
         device,
         kv_dtype,
         requested_len,
-        measured_budget,
+        budget,
         num_window * per_window,
     )
     logger.info(

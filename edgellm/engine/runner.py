@@ -180,10 +180,14 @@ class ModelRunner:
     def zero_blocks(self, block_ids: list[int], window_ids: list[int] | None = None) -> None:
         """Clear these blocks' K and V (a failed request's NaN must not outlive it in a reused
         block); window_ids: the window pool's."""
+        pools = [
+            torch.tensor(ids, dtype=torch.int64, device=self.device) if ids else None
+            for ids in (block_ids, window_ids)
+        ]
         for cache, windowed in zip(self.kv_caches, self.windowed):
-            ids = (window_ids or []) if windowed else block_ids
-            if ids:
-                cache.index_fill_(1, torch.tensor(ids, dtype=torch.int64, device=self.device), 0)
+            idx = pools[windowed]
+            if idx is not None:
+                cache.index_fill_(1, idx, 0)
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> StepResult:
