@@ -1,7 +1,7 @@
 """Integer-dot int4 matmuls vs dense matmuls, ms per SmolLM2-135M layer at several row counts,
 side by side in one run, with 30 layers' weights cycled so they come from memory as in a real
 step. Columns: the row layout (edgellm/kernels/csrc/cpu/qgemm.cpp, the AVX2 code), the n16 layout
-on VNNI (qgemm_n16.cpp) and on AMX tiles (qgemm_amx.cpp) where this CPU has them, the fp32 dense
+(qgemm_n16.cpp: VNNI, or AVX2's vpmaddubsw without it) and on AMX tiles (qgemm_amx.cpp) where this CPU has them, the fp32 dense
 matmul and, on CPUs with bf16 units, the bf16 one (oneDNN, the weight pre-reordered). Ratios are
 against the row layout. Writes --out (JSON) when given; results/cpu_int_dot_*.json hold runs.
 
@@ -69,9 +69,9 @@ def main() -> None:
     def each(xs, call):
         return [call(x, w) for ws in layers for w, x in zip(ws, xs)]
 
-    columns = ["rows"] + (["n16 vnni"] if isa.vnni else []) + (["n16 amx"] if amx else []) + ["fp32"] + \
+    columns = ["rows", "n16"] + (["n16 amx"] if amx else []) + ["fp32"] + \
         (["bf16"] if isa.bf16_units else [])
-    print(f"{cpu_name()}: isa {isa.describe()}, {torch.get_num_threads()} threads; ms per layer "
+    print(f"{cpu_name()}: isa {isa.describe()}, n16 tiles {native.n16_variant()}, {torch.get_num_threads()} threads; ms per layer "
           "(ratio: the row layout's time / this one's)")
     table = {}
     for rows in [int(r) for r in args.rows.split(",")]:
@@ -79,7 +79,7 @@ def main() -> None:
         xb = [x.to(torch.bfloat16) for x in xs]
         calls = {
             "rows": lambda: each(xs, lambda x, w: native.int_linear(x, *w["rows"], 4, 32, empty)),
-            "n16 vnni": lambda: each(xs, lambda x, w: native.int_linear_n16(x, *w["n16"], 4, 32, empty, w["n"], NEVER)),
+            "n16": lambda: each(xs, lambda x, w: native.int_linear_n16(x, *w["n16"], 4, 32, empty, w["n"], NEVER)),
             "n16 amx": lambda: each(xs, lambda x, w: native.int_linear_n16(x, *w["n16"], 4, 32, empty, w["n"], 0)),
             "fp32": lambda: each(xs, lambda x, w: F.linear(x, w["fp32"])),
             "bf16": lambda: each(xb, lambda x, w: bf16_linear(x, w["bf16"])),

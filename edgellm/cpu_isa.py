@@ -69,8 +69,17 @@ class CpuIsa:
 
     @property
     def vnni(self) -> bool:
-        """vpdpbusd at some width: the quantized linears take the 16-row interleaved layout."""
+        """vpdpbusd at some width."""
         return self.vnni_bits > 0
+
+    @property
+    def n16(self) -> bool:
+        """The quantized linears and the int8 logits head take the 16-row interleaved layout
+        (qgemm_n16.h): at every level with AVX2, by vpdpbusd where the CPU has VNNI, else by
+        vpmaddubsw (per 32-column block the same vpmaddubsw count as the row layout, without its
+        per-block conversions and horizontal sums: 1.1x the row layout at 1 row, 1.7x at 16 on
+        an AVX2-only EPYC, benchmarks/results/cpu_int_dot_avx2.json)."""
+        return self.level != "none"
 
     @property
     def bf16_units(self) -> bool:

@@ -261,7 +261,7 @@ def _prepare_cpu(model: CausalLM, scheme: QuantScheme, platform: Platform) -> No
             ]
         )
         if native is not None:
-            model.use_int_dot_logits(native, platform.isa.vnni)
+            model.use_int_dot_logits(native, platform.isa.n16)
     model.model.fused = FusedDecode.build(model.model, native)
 
 

@@ -35,12 +35,12 @@ SHAPES = [(1, 96, 37, 32), (3, 192, 21, 64), (5, 128, 9, 128), (2, 64, 5, 64), (
 
 @pytest.mark.parametrize("level", ISA_LEVELS)
 def test_each_level_builds_its_widest_vnni(level):
-    """The n16 tiles a level's build runs: 512-bit vpdpbusd, AVX-VNNI's 256-bit one, or scalar
-    code; the tests below then check whichever this host's levels build."""
+    """The n16 tiles a level's build runs: 512-bit vpdpbusd, AVX-VNNI's 256-bit one, or AVX2's
+    vpmaddubsw; the tests below then check whichever this host's levels build."""
     isa = CpuIsa(level, detect())
     module = cpu_native.load(isa)
     assert module is not None
-    assert module.n16_variant() == {512: "avx512-vnni", 256: "avx-vnni", 0: "scalar"}[isa.vnni_bits]
+    assert module.n16_variant() == {512: "avx512-vnni", 256: "avx-vnni", 0: "avx2"}[isa.vnni_bits]
 
 
 @pytest.fixture(scope="module", params=ISA_LEVELS)
@@ -134,6 +134,26 @@ def test_int_linear_matches_the_reference(native, shape, bits, offsets, half, la
     err = (y.double() - exact).abs()
     assert (err <= bound).all()
     assert err.max() > 0
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("bits,sign", [(4, 1), (4, -1), (8, 1), (8, -1)])
+def test_extreme_codes_do_not_saturate(native, bits, sign, layout):
+    """The largest sums the 16-bit steps can meet: every weight code at its extreme (int4 15,
+    int8 -128) times activations whose codes are all +-127 (a constant row; the last row mixes
+    signs block by block). vpmaddubsw saturates at 2^15 - 1, so any overflow shows as a wrong
+    sum; every path must equal the reference exactly up to fp32 summation noise."""
+    m, k, n, group = 5, 256, 21, 32
+    x = torch.full((m, k), 0.7 * sign)
+    x[-1] *= torch.tensor([1.0, -1.0]).repeat_interleave(ACT_BLOCK).repeat(k // (2 * ACT_BLOCK))
+    q = torch.full((n, k), 15 if bits == 4 else -128)
+    q[1::2, ::3] = 0 if bits == 4 else 127  # some rows not constant
+    scale = torch.rand(n, k // group) * 0.1 + 0.01
+    offset = torch.randn(n, k // group)
+    y = _run(native, x, q, scale, offset, bits, group, None, layout)
+    want = int_linear_ref(x, q, scale, offset, group, None).float()
+    assert torch.equal(quantize_rows_ref(x, group)[0].abs(), torch.full((m, k), 127, dtype=torch.int8))
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
 
 
 def test_int4_block_packing_round_trips():

@@ -568,7 +568,7 @@ def test_auto_mode_on_the_default_model(built):
     kernels = [m.kernel for m in model.modules() if hasattr(m, "kernel")]
     assert kernels and all(isinstance(k, CpuIntDotKernel) for k in kernels)
     assert isinstance(model.fast_logits, IntDotLogitsHead)
-    assert model.model.fused is not None and _linear_kinds(model.model.fused) == {LINEAR_INT_N16 if select().vnni else LINEAR_INT_DOT}
+    assert model.model.fused is not None and _linear_kinds(model.model.fused) == {LINEAR_INT_N16 if select().n16 else LINEAR_INT_DOT}
     for k in kernels:  # integer dots in prompts too (calibration may give large steps the dense matmul)
         k.max_rows = 1 << 62
     exact = LLM(kv_cache_memory=16 << 20, max_model_len=256, cpu_quant="exact", enable_prefix_caching=False)

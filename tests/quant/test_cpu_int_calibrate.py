@@ -36,8 +36,8 @@ def _kernels(platform: Platform, seed: int) -> list[CpuIntDotKernel]:
 def test_layout_follows_the_isa(level):
     isa = CpuIsa(level, detect())
     for kernel in _kernels(Platform("auto", isa, dense_budget=0), 1):
-        assert kernel.n16 == isa.vnni
-        assert kernel.qweight.dim() == (3 if isa.vnni else 2)
+        assert kernel.n16 == isa.n16
+        assert kernel.qweight.dim() == (3 if isa.n16 else 2)
 
 
 @pytest.mark.parametrize("level", ISA_LEVELS)

@@ -123,5 +123,5 @@ def test_gguf_auto_mode_runs_q4_and_q8_0_as_integer_dots(tiny_gguf, q8_gguf):
         assert fused is not None
         per_layer = META_PER_LAYER
         kinds = {fused.meta[s + j * LINEAR_META] for s in range(0, len(fused.meta), per_layer) for j in range(4)}
-        int4, int8 = (LINEAR_INT_N16, LINEAR_INT8_N16) if select().vnni else (LINEAR_INT_DOT, LINEAR_INT8_DOT)
+        int4, int8 = (LINEAR_INT_N16, LINEAR_INT8_N16) if select().n16 else (LINEAR_INT_DOT, LINEAR_INT8_DOT)
         assert int4 in kinds and (int8 in kinds) == (8 in want_bits.values())

@@ -1,16 +1,16 @@
 """CPU mode auto: int4 and int8 weights times int8-quantized activations by integer dot products
-(edgellm/kernels/csrc/cpu/qgemm.cpp), for every x86 CPU with AVX2.
+(edgellm/kernels/csrc/cpu/qgemm_n16*.cpp), for every x86 CPU with AVX2.
 
 int8 weights (Int8Codes: GGUF Q8_0, and the 5/6-bit and K-quant types unpacked to int8 codes,
 W = scale * q (+ offset) per group of 32, or of 16 for Q6_K/Q3_K/Q2_K) keep their codes as they
 are, the scales (and offsets) in fp16 when lossless; everything below holds for them too.
 
-The weight is repacked once at load into the layout of the CPU's kernel: on CPUs with VNNI
-(AVX-512 VNNI, or AVX-VNNI's 256-bit vpdpbusd), interleaved 16 output rows at a time (the n16
-layout of qgemm_n16.h: vpdpbusd's lanes are the outputs, and each 32-column block of a tile is
-AMX's B operand as it is, so steps of many rows run on AMX tiles where the CPU has them);
-elsewhere (AVX2 without VNNI) row by row, each 32-column block as 16 bytes (the layout qgemm.cpp
-unpacks with one shift and one mask). Either way a scale and an offset per group
+The weight is repacked once at load, interleaved 16 output rows at a time (the n16 layout of
+qgemm_n16.h): the 8 or 16 lanes of a vector accumulator are outputs, summed by vpdpbusd on CPUs
+with VNNI (AVX-512 VNNI, or AVX-VNNI's 256-bit one), by vpmaddubsw + vpmaddwd on AVX2 without it;
+each 32-column block of a tile is AMX's B operand as it is, so steps of many rows run on AMX
+tiles where the CPU has them. (The row layout of qgemm.cpp, each 32-column block as 16 bytes, is
+what a level without that layout would take: CpuIsa.n16.) Either way a scale and an offset per group
 (W = scale * q + offset covers zero points, symmetric codes and GGUF's Q4_1 minimum), in fp16
 when that is lossless, else fp32. Activations are quantized per call to int8 per 32-column
 block (llama.cpp's Q8_0 rule), so the result differs from the exact path only by that rounding:
@@ -115,7 +115,7 @@ class CpuIntDotKernel(LinearKernel):
                 scale, offset = _compact_pair(codes.scales.float(), codes.offsets.float())
         else:
             scale, offset = _compact_pair(*int4_affine(codes))
-        self.n16 = platform.isa.vnni  # the interleaved layout (else the row layout)
+        self.n16 = platform.isa.n16  # the interleaved layout (else the row layout)
         if self.n16:
             self.qweight = pack_int_n16_ref(q, self.bits)
             self.scale = tile_n16_ref(scale)

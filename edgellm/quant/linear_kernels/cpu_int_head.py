@@ -2,7 +2,7 @@
 
 The head is the largest matrix of a small model (SmolLM2's tied 49152 x 576 embedding is 113 MB
 in fp32, more than all its int4 layers), so a greedy decode step reads it as int8 (one scale per
-vocabulary row, 28 MB) times int8-quantized activations (edgellm/kernels/csrc/cpu/qgemm.cpp, bits
+vocabulary row, 28 MB) times int8-quantized activations (edgellm/kernels/csrc/cpu/qgemm_n16.h, bits
 8).
 The argmax stays the fp32 head's, as in
 edgellm/quant/linear_kernels/cpu_fast_head.CpuFastLogitsHead: every token whose
@@ -26,8 +26,8 @@ _NO_MASK = torch.empty(0, dtype=torch.int32)
 
 
 class IntDotLogitsHead(CpuFastLogitsHead):
-    """n16: the codes in the interleaved layout of CPUs with VNNI (AVX-512 VNNI or AVX-VNNI;
-    qgemm_n16.h), whose steps of `amx_rows` rows or more run on AMX tiles (calibrate())."""
+    """n16: the codes in the interleaved layout (qgemm_n16.h; CpuIsa.n16), whose steps of
+    `amx_rows` rows or more run on AMX tiles where the CPU has them (calibrate())."""
 
     # The C++ recheck reads each candidate's fp32 row in place, in parallel: its cost grows with
     # the candidates, so a flat row is never recomputed whole. (Gemma 3 270M, 262144 x 640: a row

@@ -1,7 +1,8 @@
 // Integer-dot matmuls over the n16 layout (the contract: qgemm_n16.h): the op, its checks and the
 // split of the tiles over torch's threads. The tiles themselves run in the widest vpdpbusd the
 // build has: qgemm_n16_zmm.cpp (AVX-512 VNNI), qgemm_n16_ymm.cpp (AVX-VNNI, 256 bits), AMX tiles
-// for many rows (qgemm_amx.cpp); without VNNI, qgemm_n16_scalar.cpp (the sums' scalar statement).
+// for many rows (qgemm_amx.cpp); AVX2 without VNNI, qgemm_n16_avx2.cpp (vpmaddubsw); without AVX2,
+// qgemm_n16_scalar.cpp (the sums' scalar statement).
 #include "qgemm_n16.h"
 
 #include <ATen/Parallel.h>
@@ -31,6 +32,8 @@ const char* n16_variant() {
   return "avx512-vnni";
 #elif defined(__AVXVNNI__)
   return "avx-vnni";
+#elif defined(__AVX2__)
+  return "avx2";
 #else
   return "scalar";
 #endif

@@ -33,8 +33,8 @@ struct N16Weights {
 
 // y [M, N] fp32 = x W^T (+ bias) with W as the row layout's contract (qgemm.h) in the n16 layout
 // above; `n` = N. Rows run as AMX tiles when M >= amx_rows and the build and the OS allow AMX,
-// else by VNNI dot products (AVX-512 VNNI or AVX-VNNI builds) or scalar code; the integer block dots are
-// exact either way, so every path returns the same sums up to fp32 summation order.
+// else by VNNI dot products (AVX-512 VNNI or AVX-VNNI builds), AVX2's vpmaddubsw or scalar code;
+// the integer block dots are exact either way, so every path returns the same sums up to fp32 summation order.
 at::Tensor int_linear_n16(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                           const at::Tensor& offset, int64_t bits, int64_t group, const at::Tensor& bias, int64_t n,
                           int64_t amx_rows);
@@ -43,8 +43,8 @@ at::Tensor int_linear_n16_op(const at::Tensor& x, const at::Tensor& qweight, con
                              int64_t n, int64_t amx_rows);
 
 // Outputs y[m, 16 t + n] (+ bias) for tiles [t0, t1) and all M rows, by vpdpbusd where the build
-// has it (one definition per build: qgemm_n16_zmm.cpp, qgemm_n16_ymm.cpp, else
-// qgemm_n16_scalar.cpp).
+// has it (one definition per build: qgemm_n16_zmm.cpp, qgemm_n16_ymm.cpp), else by vpmaddubsw
+// (qgemm_n16_avx2.cpp), else in scalar code (qgemm_n16_scalar.cpp).
 template <int BITS, typename S>
 void n16_tiles(const N16Weights<S>& w, int64_t t0, int64_t t1, const QActs& x, int64_t M, float* y,
                const float* bias);
@@ -61,7 +61,7 @@ void n16_tiles(const N16Weights<S>& w, int64_t t0, int64_t t1, const QActs& x, i
   template void fn<8, c10::Half>(const N16Weights<c10::Half>&, int64_t, int64_t, const QActs&, int64_t, \
                                  float*, const float*);
 
-// Which n16_tiles this build holds: "avx512-vnni", "avx-vnni" or "scalar".
+// Which n16_tiles this build holds: "avx512-vnni", "avx-vnni", "avx2" or "scalar".
 const char* n16_variant();
 
 // Whether this build and this process can run AMX tiles (the build has AMX-INT8 and the kernel

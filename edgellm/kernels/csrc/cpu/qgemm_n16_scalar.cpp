@@ -1,9 +1,9 @@
-// The n16 tiles in scalar code, for builds without VNNI (the contract: qgemm_n16.h): the layout's
-// codes read back one at a time and summed as the VNNI tiles sum them (qgemm_n16_zmm.cpp,
-// qgemm_n16_ymm.cpp), the exact integer block dots scaled per output and block.
+// The n16 tiles in scalar code, for builds without AVX2 (the contract: qgemm_n16.h): the layout's
+// codes read back one at a time and summed as the vector tiles sum them (qgemm_n16_zmm.cpp,
+// qgemm_n16_ymm.cpp, qgemm_n16_avx2.cpp), the exact integer block dots scaled per output and block.
 #include "qgemm_n16.h"
 
-#if !defined(__AVX512VNNI__) && !defined(__AVXVNNI__)
+#if !defined(__AVX512VNNI__) && !defined(__AVXVNNI__) && !defined(__AVX2__)
 #include <algorithm>
 
 namespace edgellm::cpu {
