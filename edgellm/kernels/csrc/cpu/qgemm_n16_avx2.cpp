@@ -37,6 +37,9 @@ inline __m256i bcast4(const int8_t* p) {  // 4 activation bytes to every lane
   std::memcpy(&v, p, 4);
   return _mm256_set1_epi32(v);
 }
+// Keeps v in a register at this point: without it the compiler reassociates a block's sums into a
+// tree whose products (32 of them for 4 rows) no longer fit the 16 ymm registers and spill.
+inline void in_register(__m256i& v) { asm("" : "+x"(v)); }
 inline __m256i lane_mask(int64_t valid) {  // lanes [0, valid) all ones
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(valid)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
@@ -56,11 +59,6 @@ void half_rows(const N16Weights<S>& w, int64_t t, int64_t h, const QActs& x, int
   const __m256i low4 = _mm256_set1_epi8(0x0f);
   const __m256i top = _mm256_set1_epi8(static_cast<char>(0x80));
   const __m256i ones = _mm256_set1_epi16(1);
-  // int4: the codes of layout row r (0..7) for half j of block p (unsigned 0..15)
-  auto codes4 = [&](const uint8_t* p, int j, int r) {
-    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * (r & 3) + 32 * j));
-    return r < 4 ? _mm256_and_si256(raw, low4) : _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-  };
   // int8: the signed codes of layout row r for half j of block p
   auto codes8 = [&](const uint8_t* p, int j, int r) {
     return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * r + 32 * j)), top);
@@ -71,13 +69,14 @@ void half_rows(const N16Weights<S>& w, int64_t t, int64_t h, const QActs& x, int
     for (int m = 0; m < R; ++m) {
       const __m256i p16 = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(bcast4(xa[m] + col), c));
       s[m] = _mm256_add_epi32(s[m], _mm256_madd_epi16(p16, ones));
+      in_register(s[m]);
     }
   };
   __m256 sv[H];
   for (int j = 0; j < H; ++j) sv[j] = _mm256_setzero_ps();
   for (int64_t b = 0, left = 0, g = 0; b < w.nb; ++b) {
     const uint8_t* p = base + b * w.block_bytes;
-    _mm_prefetch(reinterpret_cast<const char*>(p + 4 * w.block_bytes), _MM_HINT_T0);
+    prefetch_ahead(p, w.block_bytes);
     if constexpr (BITS == 8) {
       if (w.bpg == 0) {  // groups of 16: each half block (layout rows 0-3, 4-7) has its own scales
         for (int j = 0; j < H; ++j) {
@@ -106,10 +105,15 @@ void half_rows(const N16Weights<S>& w, int64_t t, int64_t h, const QActs& x, int
     for (int j = 0; j < H; ++j) {
       if constexpr (BITS == 4) {
         for (int m = 0; m < R; ++m) s[j][m] = _mm256_setzero_si256();  // 16-bit sums
-        for (int r = 0; r < 8; ++r) {
-          const __m256i c = codes4(p, j, r);
-          for (int m = 0; m < R; ++m)
-            s[j][m] = _mm256_add_epi16(s[j][m], _mm256_maddubs_epi16(c, bcast4(xa[m] + b * QB + 4 * r)));
+        for (int r = 0; r < 4; ++r) {  // one load: layout rows r (low nibbles) and r + 4 (high)
+          const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * r + 32 * j));
+          const __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+          for (int m = 0; m < R; ++m) {
+            const int8_t* a = xa[m] + b * QB + 4 * r;
+            s[j][m] = _mm256_add_epi16(s[j][m], _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(a)),
+                                                                 _mm256_maddubs_epi16(hi, bcast4(a + 16))));
+            in_register(s[j][m]);
+          }
         }
         for (int m = 0; m < R; ++m) s[j][m] = _mm256_madd_epi16(s[j][m], ones);
       } else {
@@ -142,14 +146,16 @@ void half_rows(const N16Weights<S>& w, int64_t t, int64_t h, const QActs& x, int
   }
 }
 
-// Rows [m0, m0 + left) (left < MR) of tile t, both halves in one pass (few rows: the codes are
-// unpacked once for both).
+// Rows [m0, m0 + left) (left < MR) of tile t: one row over both halves in one pass (its
+// activation broadcasts shared), more one half at a time (both halves' sums would spill).
 template <int BITS, typename S, int R = MR - 1>
 void rest_rows(const N16Weights<S>& w, int64_t t, const QActs& x, int64_t m0, int64_t left, float* y,
                const float* bias) {
-  if constexpr (R > 0) {
-    if (left == R) return half_rows<BITS, R, 2>(w, t, 0, x, m0, y, bias);
-    return rest_rows<BITS, S, R - 1>(w, t, x, m0, left, y, bias);
+  if constexpr (R == 1) {
+    half_rows<BITS, 1, 2>(w, t, 0, x, m0, y, bias);
+  } else if constexpr (R > 1) {
+    if (left != R) return rest_rows<BITS, S, R - 1>(w, t, x, m0, left, y, bias);
+    for (int64_t h = 0; h < 2 && t * N16 + h * HALF < w.N; ++h) half_rows<BITS, R, 1>(w, t, h, x, m0, y, bias);
   }
 }
 

@@ -64,7 +64,7 @@ void half_rows(const N16Weights<S>& w, int64_t t, int64_t h, const QActs& x, int
   for (int j = 0; j < H; ++j) sv[j] = _mm256_setzero_ps();
   for (int64_t b = 0, left = 0, g = 0; b < w.nb; ++b) {
     const uint8_t* p = base + b * w.block_bytes;
-    _mm_prefetch(reinterpret_cast<const char*>(p + 4 * w.block_bytes), _MM_HINT_T0);
+    prefetch_ahead(p, w.block_bytes);
     if (w.bpg == 0) {  // groups of 16 (int8): each half block has its own scales
       for (int j = 0; j < H; ++j) {
         const __m256 s_lo = load8(scales + 2 * b * N16 + j * HALF), s_hi = load8(scales + (2 * b + 1) * N16 + j * HALF);

@@ -49,7 +49,7 @@ void vnni_rows(const N16Weights<S>& w, int64_t t, const QActs& x, int64_t m0, fl
   __m512 sv = _mm512_setzero_ps();
   for (int64_t b = 0, left = 0, g = 0; b < w.nb; ++b) {
     const uint8_t* p = base + b * w.block_bytes;
-    _mm_prefetch(reinterpret_cast<const char*>(p + 4 * w.block_bytes), _MM_HINT_T0);
+    prefetch_ahead(p, w.block_bytes);
     __m512i wv[8];
     if constexpr (BITS == 4) {
       for (int i = 0; i < 4; ++i) {
