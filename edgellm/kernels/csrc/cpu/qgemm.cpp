@@ -12,8 +12,9 @@
 //   A zero point or offset adds offset * sum_b d_b * sum(a_b), precomputed per activation group.
 //   Elsewhere (no AVX2) the same sums in scalar code.
 // Work is split over torch's threads by tiles of output rows; each tile's weight rows stay in
-// L1 while every activation row passes over them. CPUs with AVX-512 VNNI take the n16 layout
-// instead (qgemm_n16.h).
+// L1 while every activation row passes over them. The engine runs the n16 layout (qgemm_n16.h)
+// at every AVX2 level; this row layout is the baseline it is tested and measured against
+// (tests/kernels/test_cpu_int.py, benchmarks/cpu_int_dot.py).
 #include "qgemm.h"
 
 #include "qacts.h"
