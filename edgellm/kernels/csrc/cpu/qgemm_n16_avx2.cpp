@@ -17,32 +17,20 @@
 #include "qgemm_n16.h"
 
 #if defined(__AVX2__) && !defined(__AVX512VNNI__) && !defined(__AVXVNNI__)
-#include <immintrin.h>
-
-#include <algorithm>
-#include <cstring>
+#include "qgemm_n16_ymm_parts.h"
 
 namespace edgellm::cpu {
 namespace {
 
-constexpr int64_t HALF = 8;  // outputs per ymm
-constexpr int MR = 4;        // activation rows sharing one pass over a half tile's codes
+using ymm::bcast4;
+using ymm::HALF;
+using ymm::load8;
 
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const c10::Half* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-inline __m256i bcast4(const int8_t* p) {  // 4 activation bytes to every lane
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm256_set1_epi32(v);
-}
+constexpr int MR = 4;  // activation rows sharing one pass over a half tile's codes
+
 // Keeps v in a register at this point: without it the compiler reassociates a block's sums into a
 // tree whose products (32 of them for 4 rows) no longer fit the 16 ymm registers and spill.
 inline void in_register(__m256i& v) { asm("" : "+x"(v)); }
-inline __m256i lane_mask(int64_t valid) {  // lanes [0, valid) all ones
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(valid)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
 
 // Outputs 16 t + 8 h .. 16 t + 8 (h + H) - 1 of tile t (H halves in one pass) for activation rows
 // m0 .. m0 + R.
@@ -127,23 +115,7 @@ void half_rows(const N16Weights<S>& w, int64_t t, int64_t h, const QActs& x, int
         acc[j][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[j][m]), _mm256_mul_ps(sv[j], dm), acc[j][m]);
     }
   }
-  if (w.offset != nullptr) {
-    const S* offs = w.offset + t * w.G * N16 + h * HALF;
-    for (int64_t g = 0; g < w.G; ++g) {
-      for (int j = 0; j < H; ++j) {
-        const __m256 ov = load8(offs + g * N16 + j * HALF);
-        for (int m = 0; m < R; ++m)
-          acc[j][m] = _mm256_fmadd_ps(ov, _mm256_set1_ps(x.dsum[(m0 + m) * x.G + g]), acc[j][m]);
-      }
-    }
-  }
-  for (int j = 0; j < H; ++j) {
-    const int64_t n0 = t * N16 + (h + j) * HALF, valid = std::min<int64_t>(HALF, w.N - n0);
-    if (valid <= 0) break;
-    const __m256i mask = lane_mask(valid);
-    const __m256 bv = bias != nullptr ? _mm256_maskload_ps(bias + n0, mask) : _mm256_setzero_ps();
-    for (int m = 0; m < R; ++m) _mm256_maskstore_ps(y + (m0 + m) * w.N + n0, mask, _mm256_add_ps(acc[j][m], bv));
-  }
+  ymm::finish<R, H>(w, t, h, x, m0, acc, y, bias);
 }
 
 // Rows [m0, m0 + left) (left < MR) of tile t: one row over both halves in one pass (its

@@ -1,0 +1,55 @@
+// What the two 256-bit n16 tile files share (qgemm_n16_ymm.cpp on AVX-VNNI, qgemm_n16_avx2.cpp
+// on AVX2 without it): a tile's 16 outputs as two halves of 8 fp32 lanes, the loads, and the
+// end of a pass (offsets, bias, the masked store of the last tile's rows). Included only by
+// builds with AVX2.
+#pragma once
+
+#include "qgemm_n16.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace edgellm::cpu::ymm {
+
+constexpr int64_t HALF = 8;  // outputs per ymm
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline __m256i bcast4(const int8_t* p) {  // 4 activation bytes to every lane
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+inline __m256i lane_mask(int64_t valid) {  // lanes [0, valid) all ones
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(valid)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// The end of a pass over halves h .. h + H - 1 of tile t for activation rows m0 .. m0 + R, whose
+// block sums are in acc: adds offset * dsum per group and the bias, and stores the outputs below N.
+template <int R, int H, typename S>
+inline void finish(const N16Weights<S>& w, int64_t t, int64_t h, const QActs& x, int64_t m0, __m256 (&acc)[H][R],
+                   float* y, const float* bias) {
+  if (w.offset != nullptr) {
+    const S* offs = w.offset + t * w.G * N16 + h * HALF;
+    for (int64_t g = 0; g < w.G; ++g) {
+      for (int j = 0; j < H; ++j) {
+        const __m256 ov = load8(offs + g * N16 + j * HALF);
+        for (int m = 0; m < R; ++m)
+          acc[j][m] = _mm256_fmadd_ps(ov, _mm256_set1_ps(x.dsum[(m0 + m) * x.G + g]), acc[j][m]);
+      }
+    }
+  }
+  for (int j = 0; j < H; ++j) {
+    const int64_t n0 = t * N16 + (h + j) * HALF, valid = std::min<int64_t>(HALF, w.N - n0);
+    if (valid <= 0) break;
+    const __m256i mask = lane_mask(valid);
+    const __m256 bv = bias != nullptr ? _mm256_maskload_ps(bias + n0, mask) : _mm256_setzero_ps();
+    for (int m = 0; m < R; ++m) _mm256_maskstore_ps(y + (m0 + m) * w.N + n0, mask, _mm256_add_ps(acc[j][m], bv));
+  }
+}
+
+}  // namespace edgellm::cpu::ymm
