@@ -77,8 +77,8 @@ class CpuIsa:
         """The quantized linears and the int8 logits head take the 16-row interleaved layout
         (qgemm_n16.h): at every level with AVX2, by vpdpbusd where the CPU has VNNI, else by
         vpmaddubsw (per 32-column block the same vpmaddubsw count as the row layout, without its
-        per-block conversions and horizontal sums: 1.25x the row layout at 1 row, 1.9x at 16 on
-        an AVX2-only EPYC, benchmarks/results/cpu_int_dot_avx2.json)."""
+        per-block conversions and horizontal sums; measured against it by
+        benchmarks/cpu_int_dot.py, results in benchmarks/results/cpu_int_dot_*.json)."""
         return self.level != "none"
 
     @property

@@ -33,8 +33,8 @@ struct N16Weights {
 
 // A tile is read front to back, one stream per thread: more than the hardware prefetcher keeps in
 // flight. The tile functions prefetch every 64-byte line of the block N16_PREFETCH_BYTES ahead of
-// the one they read (4 KB: at one row, per SmolLM2 layer 1.3x the read rate of a one-line
-// prefetch 1 KB ahead on an AVX2-only EPYC, benchmarks/cpu_int_dot.py).
+// the one they read (benchmarks/cpu_int_dot.py measures the read rate at one row; the README
+// gives what a one-line prefetch 1 KB ahead cost).
 constexpr int64_t N16_PREFETCH_BYTES = 4096;
 inline void prefetch_ahead(const uint8_t* block, int64_t block_bytes) {
   for (int64_t line = 0; line < block_bytes; line += 64) __builtin_prefetch(block + N16_PREFETCH_BYTES + line, 0, 3);
