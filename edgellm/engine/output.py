@@ -50,6 +50,7 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     prompt_logits: torch.Tensor | None = None
     error: str | None = None
+    error_param: str | None = None  # the request field at fault: the error is a 400, not a 500
 
 
 class TextState:

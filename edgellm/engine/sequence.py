@@ -65,6 +65,8 @@ class Sequence:
         self.num_preemptions = 0
         self.finish_reason: FinishReason | None = None
         self.error: str | None = None
+        # the request field at fault when the error is the request's own (an HTTP 400)
+        self.error_param: str | None = None
         self.stop_reason: int | str | None = None
         self.generator: torch.Generator | None = None
         if params.seed is not None:

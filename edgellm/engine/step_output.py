@@ -34,8 +34,9 @@ def append_token(
 ) -> FinishReason | None:
     """Append `token` to `seq` and to its text `state`; returns why the sequence finishes now, or
     None while it goes on. FinishReason.ERROR: the grammar refused the token (seq.error says why,
-    the text is left as it was). Any other reason: the text is complete (cut at the stop string,
-    or flushed)."""
+    the text is left as it was; seq.error_param is set when no token at all could have continued
+    the grammar: the request's constraint is at fault, not the sampler). Any other reason: the
+    text is complete (cut at the stop string, or flushed)."""
     seq.append_token(token)
     if logprob is not None:
         seq.logprobs.append(logprob)
@@ -48,7 +49,17 @@ def append_token(
     stop_str = None if stopped_by_token else state.add_token(token)
     if seq.grammar is not None:
         if not seq.grammar.accept(token):
-            seq.error = f"token {token} is not allowed by the request's structured-output grammar"
+            if seq.grammar.allows_nothing():  # the constraint, not the sampler, is at fault
+                spec = seq.params.structured_outputs
+                seq.error_param = spec.source if spec is not None else "structured_outputs"
+                seq.error = (
+                    f"{seq.error_param}: no token of this model's vocabulary can continue the "
+                    f"constraint after {len(seq.output_token_ids) - 1} output tokens"
+                )
+            else:
+                seq.error = (
+                    f"token {token} is not allowed by the request's structured-output grammar"
+                )
             return FinishReason.ERROR
         if seq.grammar.is_terminated and reason is None:
             reason = FinishReason.STOP
@@ -108,4 +119,5 @@ def request_output(
         metrics=metrics,
         prompt_logits=logits,
         error=seq.error,
+        error_param=seq.error_param,
     )

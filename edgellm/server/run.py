@@ -80,6 +80,8 @@ class Run:
                 raise _engine_exception(item)
             if item.finished:
                 self.unfinished.discard(index)
+                if item.outputs[0].finish_reason == "error" and item.error_param is not None:
+                    raise bad_request(item.error or "bad request", param=item.error_param)
                 if item.outputs[0].finish_reason == "error":
                     logger.error("request %s failed in the engine: %s", item.request_id, item.error)
                     raise APIError(

@@ -36,8 +36,9 @@ def _xgr() -> Any:
 class Matcher:
     """One sequence's position in its grammar."""
 
-    def __init__(self, compiled: Any) -> None:
+    def __init__(self, compiled: Any, vocab_size: int) -> None:
         self._m = _xgr().GrammarMatcher(compiled)
+        self._vocab_size = vocab_size
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         self._m.fill_next_token_bitmask(bitmask, row)
@@ -48,6 +49,13 @@ class Matcher:
     @property
     def is_terminated(self) -> bool:
         return bool(self._m.is_terminated())
+
+    def allows_nothing(self) -> bool:
+        """No token of the vocabulary can come next: a dead end of the grammar (a constraint this
+        vocabulary cannot spell, e.g. a character no token holds)."""
+        bitmask = _xgr().allocate_token_bitmask(1, self._vocab_size)
+        self._m.fill_next_token_bitmask(bitmask, 0)
+        return not bool(bitmask.any())
 
 
 class GrammarService:
@@ -119,7 +127,7 @@ class GrammarService:
         return self.compile_future(spec).result()
 
     def matcher(self, compiled: Any) -> Matcher:
-        return Matcher(compiled)
+        return Matcher(compiled, self.vocab_size)
 
     def mask(self, logits: torch.Tensor, matchers: list[Matcher], rows: list[int]) -> None:
         """The sampler's GrammarMasks: disallowed tokens of each constrained row to -inf, in place.

@@ -169,6 +169,8 @@ def test_parse_with_a_pydantic_model_and_json_object(client):
      "schema"),
     ({"messages": [{"role": "tool", "content": "21C"}]}, "messages.0.tool_call_id", "tool_call_id"),
     ({"extra": {"guided_regex": "(unclosed"}}, "guided_regex", "cannot compile"),
+    # compiles, but no token of the vocabulary spells this character: the request's fault, not a 500
+    ({"extra": {"guided_regex": "\U00040000"}}, "guided_regex", "no token of this model's vocabulary"),
 ])
 def test_bad_tool_and_format_requests_are_400_naming_the_field(client, body, param, words):
     kwargs = {"model": MODEL, "messages": body.get("messages", ASK), "max_tokens": 5}
