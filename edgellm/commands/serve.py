@@ -82,6 +82,13 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         "(default: models.yaml's tool_parser, else the one the chat template asks for, "
         "else hermes)",
     )
+    p.add_argument(
+        "--engine-core",
+        default="process",
+        choices=["process", "thread"],
+        help="where the engine steps: process (default: a process of its own, so the HTTP "
+        "server's work never holds up a step) or thread (a thread of the server's process)",
+    )
     p.add_argument("--uvicorn-log-level", default="info")
     p.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True)
     add_engine_args(p)

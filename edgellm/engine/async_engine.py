@@ -19,11 +19,20 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from collections.abc import Sequence as Seq
+from contextlib import aclosing
 from typing import Any
 
 from edgellm.config import EngineConfig
 from edgellm.engine.engine import LLMEngine
-from edgellm.engine.handoff import PendingAdd, RequestStream, deliver, route, send
+from edgellm.engine.guarded import abort_or_fail, add_or_fail, step_or_fail
+from edgellm.engine.handoff import (
+    PendingAdd,
+    RequestStream,
+    deliver,
+    route,
+    send,
+    stream_outputs,
+)
 from edgellm.engine.output import RequestOutput
 from edgellm.engine.request_checks import check_stop_strings
 from edgellm.engine.upkeep import TRIM_AFTER_IDLE_S, release_memory, warm_matmuls
@@ -83,6 +92,10 @@ class AsyncEngine:
     @property
     def max_model_len(self) -> int:
         return self.engine.max_model_len
+
+    @property
+    def config(self) -> EngineConfig:
+        return self.engine.config
 
     @property
     def scheduling_policy(self) -> str:
@@ -148,18 +161,10 @@ class AsyncEngine:
             self._streams[request_id] = stream
             self._adds.append(PendingAdd(request_id, ids, text, params, stream, grammar, priority))
             self._wake.notify()
-        try:
-            while True:
-                item = await stream.queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if item.finished:
-                    stream.finished = True
-                    return
-        finally:
-            if not stream.finished:
-                self.abort(request_id)
+        # closed at once when the caller leaves early, so the abort is not left to the GC
+        async with aclosing(stream_outputs(stream, lambda: self.abort(request_id))) as outs:
+            async for out in outs:
+                yield out
 
     def abort(self, request_id: str) -> None:
         """Abort from any thread; the request's blocks are freed before the next step."""
@@ -190,27 +195,21 @@ class AsyncEngine:
                 with self._lock:
                     self._streams.pop(add.request_id, None)
                 continue
-            try:
-                self.engine.add_request(
-                    add.request_id,
-                    add.prompt_ids,
-                    add.params,
-                    grammar=add.grammar,
-                    priority=add.priority,
-                )
-                self.engine.prompts[add.request_id] = add.prompt_text
-            except Exception as exc:  # noqa: BLE001  (handed to the caller)
+            refused = add_or_fail(
+                self.engine,
+                add.request_id,
+                add.prompt_ids,
+                add.prompt_text,
+                add.params,
+                add.grammar,
+                add.priority,
+            )
+            if refused is not None:
                 with self._lock:
                     self._streams.pop(add.request_id, None)
-                failed.append((add.stream, exc))
+                failed.append((add.stream, refused))
         for rid in aborts:
-            try:
-                self.engine.abort_request(rid)
-            except Exception:  # free it as a failed request instead; never take the others down
-                logger.exception("aborting %s failed", rid)
-                self.engine.fail_requests(
-                    [rid], "internal error in the engine (aborting the request)"
-                )
+            abort_or_fail(self.engine, rid)
             with self._lock:
                 self._streams.pop(rid, None)
         for stream, error in failed:
@@ -279,17 +278,7 @@ class AsyncEngine:
         if not self.engine.has_unfinished_requests():
             return
         start = time.perf_counter()
-        try:
-            outputs = self.engine.step()
-        except Exception as exc:  # fail this step's requests, keep serving the others
-            failed = self.engine.step_request_ids
-            logger.exception(
-                "engine step failed (requests %s)", failed if failed is not None else "all"
-            )
-            # the client gets the exception's type only; the message and trace are in the log
-            outputs = self.engine.fail_step(
-                f"internal error in the engine step ({type(exc).__name__})"
-            )
+        outputs = step_or_fail(self.engine)
         self.last_step_time = time.perf_counter() - start
         if outputs:
             self._deliver(outputs)

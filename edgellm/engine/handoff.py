@@ -2,14 +2,16 @@
 
 Inward: `PendingAdd`, a request accepted by `generate` and waiting in the inbox for the engine
 thread to add it. Outward: `RequestStream`, the outputs of one request queued on its caller's
-event loop; the engine thread hands over one item with `send`, or a step's outputs grouped by
-event loop (`route`) with one call per loop (`deliver`). A closed loop has nobody listening, and
+event loop, which the caller reads with `stream_outputs`; the engine thread hands over one item
+with `send`, or a step's outputs grouped by event loop (`route`) with one call per loop
+(`deliver`). A closed loop has nobody listening, and
 what is sent to it is dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +26,25 @@ class RequestStream:
         self.loop = loop
         self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self.finished = False
+
+
+async def stream_outputs(
+    stream: RequestStream, abort: Callable[[], None]
+) -> AsyncGenerator[RequestOutput, None]:
+    """The request's outputs as they arrive, up to the finished one; an exception handed over is
+    raised. Leaving early (the caller closed the stream) calls `abort`."""
+    try:
+        while True:
+            item = await stream.queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if item.finished:
+                stream.finished = True
+                return
+    finally:
+        if not stream.finished:
+            abort()
 
 
 @dataclass

@@ -83,7 +83,12 @@ def build_engine(spec: ModelSpec, args: argparse.Namespace) -> Any:
         chat_template=None,
         architecture=getattr(args, "architecture", None) or spec.architecture,
     )
-    engine = AsyncEngine(config)
+    if getattr(args, "engine_core", "thread") == "process":
+        from edgellm.engine.core_client import EngineProcess
+
+        engine: Any = EngineProcess(config)
+    else:
+        engine = AsyncEngine(config)
     template = _template_text(args.chat_template or spec.chat_template)
     if template is not None:
         if engine.tokenizer is None:
@@ -139,7 +144,7 @@ async def warm_up(engine: Any, spec: ModelSpec) -> None:
             "warm prompt %d: %d tokens prefilled (%d cacheable)",
             i,
             len(ids),
-            len(ids) // engine.engine.config.block_size * engine.engine.config.block_size,
+            len(ids) // engine.config.block_size * engine.config.block_size,
         )
         del final
 

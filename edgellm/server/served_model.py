@@ -52,7 +52,7 @@ class ServedModel:
     @property
     def capacity(self) -> int:
         """Sequences in flight at most: the running batch plus the waiting line."""
-        return int(self.engine.engine.config.max_num_seqs) + self.max_waiting_requests
+        return int(self.engine.config.max_num_seqs) + self.max_waiting_requests
 
     @property
     def full(self) -> bool:

@@ -266,9 +266,10 @@ def test_serve_flag_publishes_events_for_http_requests(tiny_llama):
     from tests.helpers.serverutil import ThreadServer
 
     endpoint = f"tcp://127.0.0.1:{free_port()}"
+    # the engine in this process (thread), so the test can read its block manager
     args = build_parser().parse_args([
         "serve", "--model", str(tiny_llama), "--kv-cache-memory", "4M", "--max-model-len", "96",
-        "--served-model-name", "tiny", "--kv-events-config",
+        "--served-model-name", "tiny", "--engine-core", "thread", "--kv-events-config",
         f'{{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "{endpoint}", "topic": "{TOPIC}"}}'])
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)

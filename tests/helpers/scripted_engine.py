@@ -26,7 +26,7 @@ class ScriptedEngine:
     scheduling_policy = "fcfs"
 
     def __init__(self) -> None:
-        self.engine = SimpleNamespace(config=SimpleNamespace(max_num_seqs=1, block_size=16))
+        self.config = SimpleNamespace(max_num_seqs=1, block_size=16)
         self.release = threading.Event()
         self.aborted: list[str] = []
         self.running = 0
