@@ -4,8 +4,9 @@ LayerOps.for_load reads the load's Platform (CPU mode and ISA, edgellm/platform.
 and the model dtype:
 - CUDA: the Triton attention kernels; everything else is plain torch on the GPU.
 - CPU, fp32 models: the CPU attention backend (C++ decode rows when the kernels built). In modes
-  fast, and auto with a quantized checkpoint, also: prefill attention in bf16 where the CPU has
-  bf16 units (else fp32) with shared-prefix attention (its prefix product by the kernel measured
+  fast, and auto with a quantized checkpoint, also: prefill attention in bf16 (fast), or in auto
+  in the dtype measured faster at load where the CPU has bf16 units, else fp32
+  (edgellm/attention/cpu_dtype.py), with shared-prefix attention (its prefix product by the kernel measured
   faster at load, edgellm/attention/cpu_prefix.py); RMSNorm, rotary and SiLU-and-mul in C++;
   and (fast, or auto with bf16 units) a bf16 MLP intermediate on steps whose two MLP linears
   round to bf16 anyway. Mode exact keeps transformers' math: prefill chunks one at a time in fp32.
@@ -51,9 +52,10 @@ class LayerOps:
         tuned = fast or (platform.cpu_quant == "auto" and quantized)
         if not tuned:
             return cls(CpuAttention(native))
+        from edgellm.attention.cpu_dtype import prefill_dtype
         from edgellm.attention.cpu_prefix import prefix_kernel
 
-        prefill = torch.bfloat16 if fast or platform.isa.bf16_units else torch.float32
+        prefill = torch.bfloat16 if fast else prefill_dtype(native, platform.isa.bf16_units)
         attention = CpuAttention(native, prefill, prefix_kernel(native, prefill))
         return cls(attention, native, fast or platform.isa.bf16_units)
 

@@ -194,6 +194,8 @@ class MLP(nn.Module):
         # to bf16 at its row count anyway (rounds_to_bf16); SiLU-and-mul in C++ when built
         self.bf16_intermediate = ops.bf16_mlp and self.gated_silu and not cfg.mlp_bias
         self.native_silu_mul = ops.native if self.bf16_intermediate else None
+        # fp32 steps of more than one row: SiLU-and-mul in one C++ pass when built
+        self.native_act = ops.native if self.gated_silu else None
 
     def _bf16_step(self, rows: int) -> bool:
         def rounds(linear: Linear) -> bool:
@@ -218,7 +220,10 @@ class MLP(nn.Module):
                 ).to(x.dtype)
             gate, up = gu.split(self.intermediate_size, dim=-1)
             return self.down_proj(F.silu(gate) * up).to(x.dtype)
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        gu = self.gate_up_proj(x)
+        if self.native_act is not None and gu.dtype == torch.float32 and gu.dim() == 2:
+            return self.down_proj(self.native_act.silu_mul_f32(gu))
+        gate, up = gu.split(self.intermediate_size, dim=-1)
         return self.down_proj(self.act(gate) * up)
 
 

@@ -1,4 +1,4 @@
-// SiLU-and-mul for the MLP of prefill-sized steps in CPU fast mode.
+// SiLU-and-mul for the MLP of prefill-sized steps: to bf16 (the bf16 intermediate) or fp32.
 #include "activation.h"
 
 #include <ATen/Parallel.h>
@@ -48,6 +48,36 @@ at::Tensor silu_mul(at::Tensor gu) {
         const float u = bf ? static_cast<float>(gb[t * rs + I + i]) : gf[t * rs + I + i];
         op[t * I + i] = c10::BFloat16(g / (1.f + std::exp(-g)) * u);
       }
+    }
+  });
+  return out;
+}
+
+// silu(gate) * up for fp32 gu [T, 2 I] (rows contiguous) -> [T, I] fp32 in one pass (torch's silu
+// and mul are two, with a [T, I] temporary between): exp within 2 ulp of expf (exp16).
+at::Tensor silu_mul_f32(at::Tensor gu) {
+  TORCH_CHECK(gu.dim() == 2 && gu.size(1) % 2 == 0 && gu.stride(1) == 1, "gu: [T, 2 I], rows contiguous");
+  TORCH_CHECK(gu.scalar_type() == at::kFloat, "gu: fp32");
+  const int64_t T = gu.size(0), I = gu.size(1) / 2, rs = gu.stride(0);
+  auto out = at::empty({T, I}, gu.options());
+  pybind11::gil_scoped_release no_gil;
+  const float* g = gu.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, T, 8, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* gr = g + t * rs;
+      const float* ur = gr + I;
+      float* yr = op + t * I;
+      int64_t i = 0;
+#if defined(EDGELLM_V16)
+      const V16 one = v16_set1(1.f);
+      for (; i + 16 <= I; i += 16) {
+        const V16 gv = v16_load(gr + i);
+        const V16 sig = v16_div(gv, v16_add(one, exp16(v16_sub(v16_zero(), gv))));
+        v16_store(yr + i, v16_mul(sig, v16_load(ur + i)));
+      }
+#endif
+      for (; i < I; ++i) yr[i] = gr[i] / (1.f + std::exp(-gr[i])) * ur[i];
     }
   });
   return out;

@@ -6,5 +6,6 @@
 namespace edgellm::cpu {
 
 at::Tensor silu_mul(at::Tensor gu);
+at::Tensor silu_mul_f32(at::Tensor gu);
 
 }  // namespace edgellm::cpu

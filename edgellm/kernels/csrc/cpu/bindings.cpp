@@ -18,6 +18,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("prefix_softmax_bf16", torch::wrap_pybind_function(edgellm::cpu::prefix_softmax_bf16), "prefix_softmax_bf16");
   m.def("rotate_", torch::wrap_pybind_function(edgellm::cpu::rotate_), "rotate_");
   m.def("silu_mul", torch::wrap_pybind_function(edgellm::cpu::silu_mul), "silu_mul");
+  m.def("silu_mul_f32", torch::wrap_pybind_function(edgellm::cpu::silu_mul_f32), "silu_mul_f32");
   m.def("rms_norm", torch::wrap_pybind_function(edgellm::cpu::rms_norm), "rms_norm");
   m.def("layout", &edgellm::cpu::layout, "the fused decode's per-layer layout (decode_layers.h)");
   m.def("int_linear", torch::wrap_pybind_function(edgellm::cpu::int_linear_op), "int_linear");

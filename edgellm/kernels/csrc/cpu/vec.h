@@ -31,6 +31,7 @@ static inline V16 v16_fnmadd(V16 a, V16 b, V16 c) { return _mm512_fnmadd_ps(a, b
 static inline V16 v16_round(V16 a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 static inline V16 v16_times_pow2(V16 p, V16 k) { return _mm512_scalef_ps(p, k); }  // p * 2^k
 static inline V16 v16_mul(V16 a, V16 b) { return _mm512_mul_ps(a, b); }
+static inline V16 v16_div(V16 a, V16 b) { return _mm512_div_ps(a, b); }
 static inline V16 v16_fmadd(V16 a, V16 b, V16 c) { return _mm512_fmadd_ps(a, b, c); }
 static inline void v16_store(float* p, V16 v) { _mm512_storeu_ps(p, v); }
 static inline void v16_store_first(float* p, V16 v, int cnt) {  // lanes [0, cnt)
@@ -65,6 +66,7 @@ static inline __m256 times_pow2_8(__m256 p, __m256 k) {
 }
 static inline V16 v16_times_pow2(V16 p, V16 k) { return {times_pow2_8(p.lo, k.lo), times_pow2_8(p.hi, k.hi)}; }
 static inline V16 v16_mul(V16 a, V16 b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+static inline V16 v16_div(V16 a, V16 b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
 static inline V16 v16_fmadd(V16 a, V16 b, V16 c) {
   return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
 }

@@ -1,0 +1,59 @@
+"""The dtype CPU prefill attention runs in (mode auto), measured once per process where it is a
+choice, never assumed from the CPU's flags.
+
+Without bf16 units a bf16 product is emulated, far slower than fp32: fp32, nothing to measure.
+With them (AMX, AVX512-BF16) bf16 is usually the faster, but not on every such CPU (the README
+names one where torch's bf16 flash attention is slower than its fp32). So both dtypes are timed on two representative shapes, a cold prompt's causal attention (256 queries, GQA 2:1,
+64 dims) and a voice wave's shared-prefix product (1024 folded queries over 256 keys, by the
+prefix kernel `prefix_kernel` picks for that dtype), and the dtype with the smaller sum wins.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from edgellm.attention.cpu_prefix import flash, prefix_attention, prefix_kernel
+
+logger = logging.getLogger(__name__)
+
+
+def _best_ms(run: Callable[[], object], reps: int = 3) -> float:
+    run()  # warm-up
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    return min(times) * 1e3
+
+
+def _cost_ms(native: Any, dtype: torch.dtype) -> float:
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, 256, 64, generator=g).to(dtype) for h in (4, 2, 2))
+    qp = torch.randn(1, 2, 1024, 64, generator=g).to(dtype)
+    kernel = prefix_kernel(native, dtype)
+    cold = _best_ms(lambda: flash(q, k, v, None, 0.125, causal=True))
+    wave = _best_ms(lambda: prefix_attention(kernel, native, qp, k, v, 0.125))
+    return cold + wave
+
+
+@functools.lru_cache(maxsize=4)
+def prefill_dtype(native: Any, bf16_units: bool) -> torch.dtype:
+    """bf16 or fp32 for prefill attention on this CPU (fp32 without bf16 units)."""
+    if not bf16_units:
+        return torch.float32
+    fp32, bf16 = _cost_ms(native, torch.float32), _cost_ms(native, torch.bfloat16)
+    chosen = torch.bfloat16 if bf16 < fp32 else torch.float32
+    logger.info(
+        "prefill attention: fp32 %.2f ms, bf16 %.2f ms (a cold prompt and a voice wave): %s",
+        fp32,
+        bf16,
+        "bf16" if chosen == torch.bfloat16 else "fp32",
+    )
+    return chosen
