@@ -6,8 +6,9 @@ and the model dtype:
 - CPU, fp32 models: the CPU attention backend (C++ decode rows when the kernels built). In modes
   fast, and auto with a quantized checkpoint, also: prefill attention in bf16 (fast), or in auto
   in the dtype measured faster at load where the CPU has bf16 units, else fp32
-  (edgellm/attention/cpu_dtype.py), with shared-prefix attention (its prefix product by the kernel measured
-  faster at load, edgellm/attention/cpu_prefix.py); RMSNorm, rotary and SiLU-and-mul in C++;
+  (edgellm/attention/cpu_dtype.py), with shared-prefix attention (its prefix product by the
+  kernel measured faster at load, edgellm/attention/cpu_prefix.py); RMSNorm, rotary and
+  SiLU-and-mul in C++;
   and (fast, or auto with bf16 units) a bf16 MLP intermediate on steps whose two MLP linears
   round to bf16 anyway. Mode exact keeps transformers' math: prefill chunks one at a time in fp32.
 - Anything else (a bf16 model on CPU): the plain torch reference.

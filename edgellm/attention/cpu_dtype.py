@@ -3,9 +3,10 @@ choice, never assumed from the CPU's flags.
 
 Without bf16 units a bf16 product is emulated, far slower than fp32: fp32, nothing to measure.
 With them (AMX, AVX512-BF16) bf16 is usually the faster, but not on every such CPU (the README
-names one where torch's bf16 flash attention is slower than its fp32). So both dtypes are timed on two representative shapes, a cold prompt's causal attention (256 queries, GQA 2:1,
-64 dims) and a voice wave's shared-prefix product (1024 folded queries over 256 keys, by the
-prefix kernel `prefix_kernel` picks for that dtype), and the dtype with the smaller sum wins.
+names one where torch's bf16 flash attention is slower than its fp32). So both dtypes are timed
+on two representative shapes, a cold prompt's causal attention (256 queries, GQA 2:1, 64 dims)
+and a voice wave's shared-prefix product (1024 folded queries over 256 keys, by the prefix
+kernel `prefix_kernel` picks for that dtype), and the dtype with the smaller sum wins.
 """
 
 from __future__ import annotations
