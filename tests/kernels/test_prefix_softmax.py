@@ -92,3 +92,21 @@ def test_prefix_kernel_is_measured_where_it_applies():
     native = cpu_native.load()
     assert prefix_kernel(native, torch.float32) == "flash" and prefix_kernel(None, torch.bfloat16) == "flash"
     assert prefix_kernel(native, torch.bfloat16) in ("flash", "scores")
+
+
+def test_prefill_dtype_is_measured_only_with_bf16_units(caplog):
+    """Without bf16 units fp32, unmeasured; with them the faster of the two, with both times logged."""
+    import logging
+
+    from edgellm.attention.cpu_dtype import prefill_dtype
+
+    native = cpu_native.load()
+    prefill_dtype.cache_clear()
+    with caplog.at_level(logging.INFO, logger="edgellm.attention.cpu_dtype"):
+        assert prefill_dtype(native, False) == torch.float32
+        assert not caplog.records
+        chosen = prefill_dtype(native, True)
+    assert chosen in (torch.float32, torch.bfloat16)
+    (record,) = caplog.records
+    assert "fp32" in record.getMessage() and "bf16" in record.getMessage()
+    prefill_dtype.cache_clear()
