@@ -1,9 +1,9 @@
 """The CPU backend for fp32 models: decode rows through the C++ kernel (one program per sequence
 and kv head, K and V read once from the pages: edgellm/kernels/csrc/cpu/attention.cpp), prefill
-chunks by torch's SDPA in `prefill_dtype` (bf16 where the CPU has bf16 units, or fp32), with
-shared-prefix ("cascade") attention when several chunks start with the same cached blocks: all
-their queries against the prefix in one flash call, each chunk against its own suffix, merged by
-log-sum-exp. A voice agent's turns over one cached system prompt are exactly that. Without a
+chunks in `prefill_dtype` (bf16 by torch's SDPA; fp32 by the C++ causal kernel over the pages,
+csrc/cpu/prefill_attention.cpp, where it applies, else torch's SDPA), with shared-prefix
+("cascade") attention when several chunks start with the same cached blocks
+(edgellm/attention/cpu_cascade.py). Without a
 prefill dtype (mode exact) prefill chunks run as the reference does, one at a time in fp32.
 """
 
@@ -14,12 +14,11 @@ from typing import Any
 import torch
 
 from edgellm.attention.base import AttentionBackend
-from edgellm.attention.cpu_prefix import flash, prefix_attention
+from edgellm.attention.cpu_cascade import cascade_prefill
 from edgellm.batch import AttentionMetadata
 from edgellm.kernels.cpu_native import decode_tables
 from edgellm.kernels.paged_attention import (
     decode_rows_ref,
-    gather_kv,
     prefill_rows_ref,
     write_kv_ref,
 )
@@ -29,14 +28,23 @@ class CpuAttention(AttentionBackend):
     name = "cpu"
 
     def __init__(
-        self, native: Any, prefill_dtype: torch.dtype | None = None, prefix_kernel: str = "flash"
+        self,
+        native: Any,
+        prefill_dtype: torch.dtype | None = None,
+        prefix_kernel: str = "flash",
+        causal_kernel: bool | None = None,
     ) -> None:
         """native: the C++ module (edgellm/kernels/cpu_native.load); prefill_dtype: prefill
         chunks' dtype, with cascade attention (None: the query's, one chunk at a time);
-        prefix_kernel: how cascade attends the shared prefix (edgellm/attention/cpu_prefix.py)."""
+        prefix_kernel: how cascade attends the shared prefix (edgellm/attention/cpu_prefix.py);
+        causal_kernel: whether fp32 prefill chunks run the C++ causal kernel over their pages
+        (csrc/cpu/prefill_attention.cpp; None: where measured faster, fp32_prefill_kernel)."""
         self.native = native
         self.prefill_dtype = prefill_dtype
         self.prefix_kernel = prefix_kernel
+        if causal_kernel is None:
+            causal_kernel = fp32_prefill_kernel(native, prefill_dtype)
+        self.native_prefill = native if causal_kernel and prefill_dtype == torch.float32 else None
 
     def write_kv(
         self,
@@ -129,6 +137,17 @@ class CpuAttention(AttentionBackend):
         if num_decodes == len(seq_lens):
             return out
         first = num_decodes
+        native_prefill = (
+            self.native_prefill
+            if sliding_window is None
+            and query.dtype == kv_cache.dtype == torch.float32
+            and query.shape[2] in PREFILL_HEAD_DIMS
+            and query.stride(2) == 1
+            and query.stride(1) == query.shape[2]
+            and kv_cache.shape[2] % 16 == 0
+            and kv_cache.is_contiguous()
+            else None
+        )
         if self.prefill_dtype is not None and sliding_window is None:
             first = cascade_prefill(
                 query,
@@ -147,7 +166,15 @@ class CpuAttention(AttentionBackend):
                 out,
                 self.prefix_kernel,
                 self.native,
+                native_prefill,
             )
+        if native_prefill is not None:
+            for i in range(first, len(seq_lens)):
+                start, end = query_start_loc[i], query_start_loc[i + 1]
+                out[start:end] = native_prefill.prefill_attention(
+                    query[start:end], kv_cache, block_tables[i].long(), seq_lens[i], 0, scale
+                )[0]
+            return out
         prefill_rows_ref(
             query,
             key,
@@ -167,128 +194,14 @@ class CpuAttention(AttentionBackend):
         return out
 
 
-CASCADE_MIN_PREFIX = 64  # tokens of shared prefix worth one product of their own
+PREFILL_HEAD_DIMS = (64, 96, 128, 256)  # what csrc/cpu/prefill_attention.cpp is built for
 
 
-def _shared_prefix_blocks(
-    block_tables: torch.Tensor,
-    seq_lens: list[int],
-    query_start_loc: list[int],
-    first: int,
-    block_size: int,
-) -> int:
-    """Leading blocks that every prefill chunk from `first` on shares and that lie wholly before
-    each chunk's first new token (so every query sees all of them: no mask)."""
-    idx = range(first, len(seq_lens))
-    past = min(
-        (seq_lens[i] - (query_start_loc[i + 1] - query_start_loc[i])) // block_size for i in idx
-    )
-    if past * block_size < CASCADE_MIN_PREFIX:
-        return 0
-    rows = block_tables[first:, :past]
-    same = (rows == rows[:1]).all(0)
-    return past if bool(same.all()) else int(same.int().argmin())
+def fp32_prefill_kernel(native: Any, prefill_dtype: torch.dtype | None) -> bool:
+    """Whether fp32 prefill chunks run the C++ causal kernel: a tuned fp32 prefill, and the kernel
+    measured faster than torch's flash on this CPU (edgellm/attention/cpu_dtype.py); per call
+    also a head dim of PREFILL_HEAD_DIMS, pages of a multiple of 16 tokens and no sliding window
+    (else torch's flash)."""
+    from edgellm.attention.cpu_dtype import fp32_causal_kernel
 
-
-def _suffixes_batched(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    lens: list[int],
-    dtype: torch.dtype,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Causal attention of each chunk to its own tokens (q [Nq, Hq, D], k/v [Nq, Hkv, D], chunks of
-    `lens` rows back to back) in one flash call over [chunks, H, longest, D], padded at the end:
-    (output [Nq, Hq, D], logsumexp [Nq, Hq] fp32)."""
-    n, lmax = len(lens), max(lens)
-    pos = None
-    if any(n_ != lmax for n_ in lens):
-        pos = torch.cat([torch.arange(j * lmax, j * lmax + n_) for j, n_ in enumerate(lens)])
-
-    def pad(t: torch.Tensor) -> torch.Tensor:  # [Nq, H, D] -> [chunks, H, longest, D]
-        t = t.to(dtype)
-        if pos is not None:
-            t = t.new_zeros(n * lmax, *t.shape[1:]).index_copy_(0, pos, t)
-        return t.view(n, lmax, *t.shape[1:]).transpose(1, 2)
-
-    o, lse = flash(pad(q), pad(k), pad(v), None, scale, causal=True)
-    o = o.transpose(1, 2).reshape(n * lmax, q.shape[1], q.shape[2])  # [chunks * longest, Hq, D]
-    lse = lse.transpose(1, 2).reshape(n * lmax, q.shape[1])
-    if pos is not None:
-        o, lse = o.index_select(0, pos), lse.index_select(0, pos)
-    return o, lse
-
-
-def cascade_prefill(
-    query,
-    key,
-    value,
-    kv_cache,
-    block_tables,
-    seq_lens,
-    query_start_loc,
-    first,
-    scale,
-    k_scale,
-    v_scale,
-    dtype,
-    step_cache,
-    out,
-    prefix_kernel="flash",
-    native=None,
-) -> int:
-    """Prefill chunks [first, B) through shared-prefix attention when at least two share a cached
-    prefix of CASCADE_MIN_PREFIX tokens or more: all their queries against the prefix in one flash
-    call, each chunk against its own suffix (causal), merged by log-sum-exp. Returns the first
-    chunk left to the per-sequence path (B when all were done here, `first` when none)."""
-    if len(seq_lens) - first < 2:
-        return first
-    block_size = kv_cache.shape[2]
-    key_ = ("cascade", first)
-    shared = step_cache.get(key_) if step_cache is not None else None
-    if shared is None:
-        shared = _shared_prefix_blocks(block_tables, seq_lens, query_start_loc, first, block_size)
-        if step_cache is not None:
-            step_cache[key_] = shared
-    prefix = shared * block_size
-    if prefix < CASCADE_MIN_PREFIX:
-        return first
-    qs, qe = query_start_loc[first], query_start_loc[-1]
-    n_q, hq, d = qe - qs, query.shape[1], query.shape[2]
-    hkv = key.shape[1]
-    q_tok = query[qs:qe].to(dtype)  # [Nq, Hq, D]
-    q_all = q_tok.transpose(0, 1).contiguous()  # [Hq, Nq, D]
-    kp, vp = gather_kv(kv_cache, block_tables[first : first + 1], prefix, dtype, k_scale, v_scale)
-    # GQA folded into the rows: each kv head's G query heads as G * Nq rows (no K/V repeat)
-    o1, lse1 = prefix_attention(prefix_kernel, native, q_all.view(1, hkv, -1, d), kp, vp, scale)
-    o1 = o1.reshape(hq, n_q, d).transpose(0, 1)  # [Nq, Hq, D]
-    lse1 = lse1.reshape(hq, n_q).t()
-    lens = [query_start_loc[i + 1] - query_start_loc[i] for i in range(first, len(seq_lens))]
-    if kv_cache.dtype != torch.float8_e4m3fn and all(
-        seq_lens[first + j] - n == prefix for j, n in enumerate(lens)
-    ):
-        # every suffix is exactly this step's tokens: all chunks in one causal call, padded to
-        # the longest (a padded key sits after every real query of its chunk: never seen)
-        o2, lse2 = _suffixes_batched(q_tok, key[qs:qe], value[qs:qe], lens, dtype, scale)
-    else:
-        o2 = torch.empty_like(o1)
-        lse2 = torch.empty_like(lse1)
-        for i in range(first, len(seq_lens)):
-            start, end = query_start_loc[i], query_start_loc[i + 1]
-            q_len, ctx = end - start, seq_lens[i]
-            rows = slice(start - qs, end - qs)
-            k2, v2 = gather_kv(
-                kv_cache, block_tables[i : i + 1, shared:], ctx - prefix, dtype, k_scale, v_scale
-            )
-            q_pos = torch.arange(ctx - q_len, ctx)[:, None]
-            kv_pos = torch.arange(prefix, ctx)[None, :]
-            mask = torch.zeros(q_len, ctx - prefix, dtype=dtype).masked_fill_(
-                kv_pos > q_pos, float("-inf")
-            )
-            o, lse = flash(q_all[None, :, rows], k2, v2, mask[None, None], scale)
-            o2[rows], lse2[rows] = o[0].transpose(0, 1), lse[0].t()
-    lse = torch.logaddexp(lse1, lse2)
-    w1, w2 = (lse1 - lse).exp_().unsqueeze(-1), (lse2 - lse).exp_().unsqueeze(-1)
-    out[qs:qe] = torch.addcmul(o2.float().mul_(w2), o1.float(), w1)
-    return len(seq_lens)
+    return prefill_dtype == torch.float32 and fp32_causal_kernel(native)

@@ -1,5 +1,6 @@
-"""The dtype CPU prefill attention runs in (mode auto), measured once per process where it is a
-choice, never assumed from the CPU's flags.
+"""What CPU prefill attention runs (mode auto), measured once per process where it is a choice,
+never assumed from the CPU's flags: its dtype (`prefill_dtype`), and in fp32 whether the C++
+causal kernel over the pages beats torch's flash (`fp32_causal_kernel`).
 
 Without bf16 units a bf16 product is emulated, far slower than fp32: fp32, nothing to measure.
 With them (AMX, AVX512-BF16) bf16 is usually the faster, but not on every such CPU (the README
@@ -58,3 +59,43 @@ def prefill_dtype(native: Any, bf16_units: bool) -> torch.dtype:
         "bf16" if chosen == torch.bfloat16 else "fp32",
     )
     return chosen
+
+
+def _causal_cost_ms(native: Any | None) -> float:
+    """A cold 256-token prompt and a 48-token turn after 256 cached tokens, GQA 2:1, 64 dims: by the
+    C++ kernel over pages (native) or torch's flash over the gathered keys (None)."""
+    g = torch.Generator().manual_seed(1)
+    cache = torch.randn(2, 20, 16, 2, 64, generator=g)
+    table = torch.arange(20)
+    k, v = cache[0].reshape(-1, 2, 64), cache[1].reshape(-1, 2, 64)
+    total = 0.0
+    for ctx, t in ((256, 256), (304, 48)):
+        q = torch.randn(t, 4, 64, generator=g)
+        if native is not None:
+            run = functools.partial(native.prefill_attention, q, cache, table, ctx, ctx - t, 0.125)
+        else:
+            qh = q.transpose(0, 1)[None]
+            kh, vh = (x[ctx - t : ctx].transpose(0, 1)[None] for x in (k, v))
+            run = functools.partial(flash, qh, kh, vh, None, 0.125, causal=True)
+        total += _best_ms(run)
+    return total
+
+
+@functools.lru_cache(maxsize=4)
+def fp32_causal_kernel(native: Any) -> bool:
+    """Whether fp32 prefill chunks run the C++ causal kernel (csrc/cpu/prefill_attention.cpp)
+    rather than torch's flash: a build with vector units, and measured faster here."""
+    if (
+        native is None
+        or not hasattr(native, "prefill_attention")
+        or native.n16_variant() == "scalar"
+    ):
+        return False
+    ours, theirs = _causal_cost_ms(native), _causal_cost_ms(None)
+    logger.info(
+        "fp32 causal prefill attention: C++ %.2f ms, torch flash %.2f ms: %s",
+        ours,
+        theirs,
+        "C++" if ours < theirs else "torch",
+    )
+    return ours < theirs

@@ -414,11 +414,17 @@ def test_bf16_prefill_attention_is_close_to_fp32():
     assert 0 < err < 2e-2 * want.abs().max().item()
 
 
-def test_shared_prefix_cascade_prefill():
+@pytest.mark.parametrize("native", [False, True])
+def test_shared_prefix_cascade_prefill(native):
     """Prefill chunks sharing cached prefix pages: one product against the prefix, one per chunk
-    against its own suffix, merged by log-sum-exp. In fp32 it must equal the per-sequence
-    reference; chunks that do not share enough fall back to the per-sequence path."""
-    import edgellm.attention.cpu as cpu_attention
+    against its own suffix (torch's flash, or the C++ causal kernel over the pages), merged by
+    log-sum-exp. In fp32 it must equal the per-sequence reference; chunks that do not share
+    enough fall back to the per-sequence path (the C++ kernel per chunk, or torch's SDPA)."""
+    import edgellm.attention.cpu_cascade as cpu_cascade
+
+    mod = cpu_native.load() if native else None
+    if native and (mod is None or mod.n16_variant() == "scalar"):
+        pytest.skip("the C++ kernels did not build with vector units on this machine")
 
     g = torch.Generator().manual_seed(4)
     nb, bs, hq, hkv, d = 40, 16, 9, 3, 64
@@ -434,8 +440,8 @@ def test_shared_prefix_cascade_prefill():
     k = torch.randn(67, hkv, d, generator=g)  # unused: every chunk reads its context from the pages
     want = paged_attention_ref(q, k, k, cache, tables, lens, starts, 0, d ** -0.5)
     step: dict = {}
-    got = CpuAttention(None, torch.float32).paged(q, k, k, cache, tables, lens, starts, 0, d ** -0.5,
-                                                   step_cache=step)
+    got = CpuAttention(mod, torch.float32, causal_kernel=native).paged(q, k, k, cache, tables, lens, starts, 0,
+                                                                        d ** -0.5, step_cache=step)
     assert step[("cascade", 0)] == 8
     assert (got - want).abs().max().item() < 1e-5
     fast = CpuAttention(None, torch.bfloat16).paged(q, k, k, cache, tables, lens, starts, 0, d ** -0.5,
@@ -446,19 +452,25 @@ def test_shared_prefix_cascade_prefill():
     other[1, 0] = 30
     flat[:, 30 * bs:31 * bs] = flat[:, :bs]
     step = {}
-    CpuAttention(None, torch.float32).paged(q, k, k, cache, other, lens, starts, 0, d ** -0.5, step_cache=step)
+    alone = CpuAttention(mod, torch.float32, causal_kernel=native).paged(q, k, k, cache, other, lens, starts, 0,
+                                                                         d ** -0.5, step_cache=step)
     assert step[("cascade", 0)] == 0
+    assert (alone - paged_attention_ref(q, k, k, cache, other, lens, starts, 0, d ** -0.5)).abs().max() < 1e-5
     # below CASCADE_MIN_PREFIX tokens of shared prefix: not worth it
-    assert cpu_attention._shared_prefix_blocks(tables[:, :3], [40, 40, 40], [0, 4, 8, 12], 0, bs) == 0
+    assert cpu_cascade._shared_prefix_blocks(tables[:, :3], [40, 40, 40], [0, 4, 8, 12], 0, bs) == 0
 
 
+@pytest.mark.parametrize("native", [False, True])
 @pytest.mark.parametrize("qlens,hq,hkv", [([25, 9], 4, 2), ([13, 13, 13], 9, 3)])
-def test_cascade_when_the_suffix_is_this_steps_tokens(qlens, hq, hkv):
+def test_cascade_when_the_suffix_is_this_steps_tokens(qlens, hq, hkv, native):
     """The usual voice case: every chunk's cached part is exactly the shared prefix, so its suffix
-    is this step's own keys and values (read from the arguments; all chunks in one causal call,
-    padded to the longest when their lengths differ)."""
+    is this step's own keys and values (torch: read from the arguments, all chunks in one causal
+    call, padded to the longest when their lengths differ; C++: from each chunk's pages)."""
+    mod = cpu_native.load() if native else None
+    if native and (mod is None or mod.n16_variant() == "scalar"):
+        pytest.skip("the C++ kernels did not build with vector units on this machine")
     g = torch.Generator().manual_seed(6)
-    nb, bs, d = 30, 16, 32
+    nb, bs, d = 30, 16, 64
     cache = torch.zeros(2, nb, bs, hkv, d)
     flat = cache.view(2, -1, hkv, d)
     flat[:, : 6 * bs] = torch.randn(2, 6 * bs, hkv, d, generator=g)  # 96 shared tokens, blocks 0..5
@@ -478,7 +490,7 @@ def test_cascade_when_the_suffix_is_this_steps_tokens(qlens, hq, hkv):
     args = (q, k, v, cache, tables, lens, starts, 0, d ** -0.5)
     want = paged_attention_ref(*args)
     step: dict = {}
-    got = CpuAttention(None, torch.float32).paged(*args, step_cache=step)
+    got = CpuAttention(mod, torch.float32, causal_kernel=native).paged(*args, step_cache=step)
     assert step[("cascade", 0)] == 6
     assert (got - want).abs().max().item() < 1e-5
 

@@ -110,3 +110,23 @@ def test_prefill_dtype_is_measured_only_with_bf16_units(caplog):
     (record,) = caplog.records
     assert "fp32" in record.getMessage() and "bf16" in record.getMessage()
     prefill_dtype.cache_clear()
+
+
+def test_the_fp32_causal_kernel_is_chosen_by_measurement(caplog):
+    """The C++ causal prefill kernel runs only where it measured faster than torch's flash (logged),
+    never without the C++ module."""
+    import logging
+
+    from edgellm.attention.cpu import CpuAttention
+    from edgellm.attention.cpu_dtype import fp32_causal_kernel
+
+    native = cpu_native.load()
+    assert fp32_causal_kernel(None) is False
+    fp32_causal_kernel.cache_clear()
+    with caplog.at_level(logging.INFO, logger="edgellm.attention.cpu_dtype"):
+        chosen = fp32_causal_kernel(native)
+    if native is not None and native.n16_variant() != "scalar":
+        (record,) = caplog.records
+        assert "C++" in record.getMessage() and "torch flash" in record.getMessage()
+    assert (CpuAttention(native, torch.float32).native_prefill is not None) is chosen
+    assert CpuAttention(native, torch.bfloat16, causal_kernel=True).native_prefill is None  # fp32 only

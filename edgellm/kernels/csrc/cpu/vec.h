@@ -38,6 +38,7 @@ static inline void v16_store_first(float* p, V16 v, int cnt) {  // lanes [0, cnt
   _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << cnt) - 1), v);
 }
 static inline float v16_sum(V16 v) { return _mm512_reduce_add_ps(v); }
+static inline float v16_hmax(V16 v) { return _mm512_reduce_max_ps(v); }
 // 16 fp16 bit patterns -> fp32
 static inline V16 v16_from_half(__m256i h) { return _mm512_cvtph_ps(h); }
 #elif defined(EDGELLM_V16)
@@ -85,6 +86,13 @@ static inline float v16_sum(V16 v) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
+}
+static inline float v16_hmax(V16 v) {
+  const __m256 m8 = _mm256_max_ps(v.lo, v.hi);
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
 }
 static inline V16 v16_from_half(__m256i h) {
   return {_mm256_cvtph_ps(_mm256_castsi256_si128(h)), _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1))};

@@ -1,0 +1,89 @@
+"""The C++ causal prefill attention (kernels/csrc/cpu/prefill_attention.cpp) against a plain fp32
+softmax reference, on fresh random data at odd shapes: cold chunks, chunks after cached context,
+the suffix part of shared-prefix attention (key_start past the prefix), GQA groups, head dims 64
+to 256, pages in shuffled order; and its checks on bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edgellm.kernels import cpu_native
+
+
+@pytest.fixture(scope="module")
+def native():
+    mod = cpu_native.load()
+    if mod is None or mod.n16_variant() == "scalar":
+        pytest.skip("the C++ kernels did not build with vector units on this machine")
+    return mod
+
+
+def paged(ctx: int, hkv: int, d: int, bs: int, g: torch.Generator, spare: int = 3):
+    """A cache holding one sequence's ctx tokens in shuffled pages (the rest random noise), its
+    table, and the K/V it holds in token order."""
+    nblocks = -(-ctx // bs)
+    cache = torch.randn(2, nblocks + spare, bs, hkv, d, generator=g)
+    table = torch.randperm(nblocks + spare, generator=g)[:nblocks]
+    k = cache[0, table].reshape(-1, hkv, d)[:ctx]
+    v = cache[1, table].reshape(-1, hkv, d)[:ctx]
+    return cache, table, k, v
+
+
+def reference(q, k, v, ctx, key_start, scale):
+    t, hq, _ = q.shape
+    group = hq // k.shape[1]
+    kk = k[key_start:].repeat_interleave(group, 1).double()  # [L, Hq, D]
+    vv = v[key_start:].repeat_interleave(group, 1).double()
+    s = torch.einsum("thd,lhd->htl", q.double(), kk) * scale
+    qpos = torch.arange(ctx - t, ctx)[None, :, None]
+    kpos = torch.arange(key_start, ctx)[None, None, :]
+    s = s.masked_fill(kpos > qpos, float("-inf"))
+    lse = torch.logsumexp(s, -1)  # [Hq, T]
+    out = torch.einsum("htl,lhd->thd", torch.softmax(s, -1), vv)
+    return out, lse.t()
+
+
+@pytest.mark.parametrize("t,ctx,key_start,hq,hkv,d,bs", [
+    (37, 37, 0, 6, 2, 64, 16),      # a cold prompt, GQA 3:1
+    (21, 85, 32, 9, 3, 64, 16),     # a turn's suffix after a 32-token shared prefix
+    (50, 130, 0, 4, 4, 96, 32),     # a chunk after cached context, no GQA, larger pages
+    (16, 16, 0, 8, 2, 128, 16),     # exactly one tile
+    (1, 45, 0, 2, 1, 256, 16),      # one query row (Gemma's head dim)
+    (70, 70, 0, 3, 1, 64, 16),      # more query blocks than threads, partial last tile
+])
+def test_matches_the_softmax_reference(native, t, ctx, key_start, hq, hkv, d, bs):
+    g = torch.Generator().manual_seed(t * 1000 + ctx)
+    cache, table, k, v = paged(ctx, hkv, d, bs, g)
+    q = torch.randn(t, hq, d, generator=g) * 2
+    scale = d ** -0.5
+    out, lse = native.prefill_attention(q, cache, table, ctx, key_start, scale)
+    want, want_lse = reference(q, k, v, ctx, key_start, scale)
+    assert out.shape == (t, hq, d) and lse.shape == (t, hq)
+    assert (out.double() - want).abs().max().item() < 1e-5
+    assert (lse.double() - want_lse).abs().max().item() < 1e-5
+
+
+def test_strided_queries_and_a_nan_beyond_the_context(native):
+    """q may be a token slice of a larger batch; whatever a page holds past the context (NaN here)
+    never reaches the output."""
+    g = torch.Generator().manual_seed(3)
+    ctx, t, hq, hkv, d = 29, 29, 4, 2, 64
+    cache, table, k, v = paged(ctx, hkv, d, 16, g)
+    cache[:, table[-1], ctx % 16:] = float("nan")
+    batch = torch.randn(t + 10, hq, d, generator=g)
+    out, lse = native.prefill_attention(batch[5:5 + t], cache, table, ctx, 0, 0.125)
+    want, want_lse = reference(batch[5:5 + t], k, v, ctx, 0, 0.125)
+    assert torch.isfinite(out).all() and (out.double() - want).abs().max().item() < 1e-5
+
+
+def test_bad_input_is_refused(native):
+    g = torch.Generator().manual_seed(4)
+    cache, table, _, _ = paged(40, 2, 64, 16, g)
+    q = torch.randn(8, 4, 64, generator=g)
+    with pytest.raises(RuntimeError, match="key_start"):
+        native.prefill_attention(q, cache, table, 40, 8, 0.125)  # not a multiple of 16
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        native.prefill_attention(q, cache, torch.tensor([0, 1, 99]), 40, 0, 0.125)
+    with pytest.raises(RuntimeError, match="head dim"):
+        native.prefill_attention(torch.randn(8, 4, 48), torch.randn(2, 4, 16, 2, 48), table, 40, 0, 0.125)
