@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from edgellm.attention.cpu import CpuAttention
+from edgellm.attention.cpu_dtype import prefill_dtype
 from edgellm.attention.torch_ref import TorchRefAttention
 from edgellm.attention.triton import TritonAttention
 from edgellm.cpu_isa import LEVELS, CpuIsa, detect
@@ -29,7 +30,12 @@ def test_cpu_fp32_choices(level, mode, quantized):
     if not tuned:  # transformers' math: prefill chunks one at a time in fp32, torch norms
         assert ops.attention.prefill_dtype is None and ops.native is None and not ops.bf16_mlp
         return
-    want = torch.bfloat16 if mode == "fast" or isa.bf16_units else torch.float32
+    if mode == "fast":
+        want = torch.bfloat16
+    elif isa.bf16_units:  # measured at load, once per process: whichever ran faster here
+        want = prefill_dtype(ops.attention.native, True)
+    else:  # no bf16 units: fp32, unmeasured
+        want = torch.float32
     assert ops.attention.prefill_dtype == want
     assert ops.native is ops.attention.native
     assert ops.bf16_mlp == (mode == "fast" or isa.bf16_units)
