@@ -5,8 +5,9 @@ The API process keeps the tokenizer (sent over once the core has loaded, so the 
 and the request checks run here, before anything is queued), one RequestStream per request, and
 a reader thread that routes the core's outputs to their streams' event loops. The reader does
 little else, so the event loop never waits on the engine and the engine never waits on the loop.
-Adds and aborts are written to the pipe from the caller's thread. If the core dies, every open
-request and every later one gets EngineDeadError.
+Adds, aborts and compiles go to the pipe through a writer thread, so a caller never blocks on a
+full pipe while the core is in a long step. If the core dies, every open request and every later
+one gets EngineDeadError.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import asyncio
 import itertools
 import logging
 import multiprocessing
+import queue
 import threading
 from collections.abc import AsyncIterator
 from collections.abc import Sequence as Seq
@@ -64,14 +66,17 @@ class EngineProcess:
         self._vocab_size = facts.vocab_size
         self._cache_info = facts.cache_info
         self._stats = facts.stats
-        self._lock = threading.Lock()  # streams, compiles, counters and writes to the pipe
+        self._lock = threading.Lock()  # streams, compiles and counters
         self._streams: dict[str, RequestStream] = {}
         self._compiles: dict[int, Future] = {}
         self._keys = itertools.count()
         self._adds_sent = 0
         self._dead: BaseException | None = None
+        self._outbox: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
         self._reader = threading.Thread(target=self._read, name="edgellm-core-reader", daemon=True)
+        self._writer = threading.Thread(target=self._send, name="edgellm-core-writer", daemon=True)
         self._reader.start()
+        self._writer.start()
 
     # ----------------------------------------------------------------- facts
     @property
@@ -154,12 +159,14 @@ class EngineProcess:
         with self._lock:
             if self._dead is None:
                 self._write(("stop",))
+        self._outbox.put(None)  # the writer ends after the stop message
         self._proc.join(STOP_TIMEOUT_S)
         if self._proc.is_alive():
             logger.warning("the engine process did not stop in %.0f s; terminating", STOP_TIMEOUT_S)
             self._proc.terminate()
             self._proc.join(STOP_TIMEOUT_S)
         self._reader.join(STOP_TIMEOUT_S)
+        self._writer.join(STOP_TIMEOUT_S)
 
     # ------------------------------------------------------------- internals
     def _check_alive(self) -> None:
@@ -167,12 +174,16 @@ class EngineProcess:
             raise EngineDeadError(f"the engine has stopped: {self._dead}")
 
     def _write(self, msg: tuple) -> None:
-        """Called under the lock."""
-        try:
-            self._conn.send(msg)
-        except OSError as exc:  # the core is gone; the reader reports it to every stream
-            self._dead = self._dead or exc
-            raise EngineDeadError(f"the engine has stopped: {exc}") from None
+        """Queue a message for the core (any thread; never blocks)."""
+        self._outbox.put(msg)
+
+    def _send(self) -> None:
+        """The writer thread: messages to the pipe in the order they were queued."""
+        while (msg := self._outbox.get()) is not None:
+            try:
+                self._conn.send(msg)
+            except OSError:  # the core is gone: the reader sees the pipe close and fails everyone
+                return
 
     def _read(self) -> None:
         reason = "the engine process exited"

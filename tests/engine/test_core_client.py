@@ -148,3 +148,23 @@ def test_errors_cross_the_pipe_as_their_kind(exc, kind, param):
     again = raised(error_of(exc))
     assert type(again) is kind and getattr(again, "param", None) == param
     assert str(exc) in str(again)
+
+
+def test_a_busy_core_never_blocks_the_caller(tiny_dir):
+    """While the core cannot read (stopped here, as in a long step), messages beyond what the pipe
+    holds queue up on the API side instead of blocking the event loop; the core then reads them all."""
+    path = tiny_dir("llama")[0]
+    eng = EngineProcess(EngineConfig(model=str(path), kv_cache_memory=4 << 20, max_model_len=256))
+    try:
+        os.kill(eng._proc.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        for i in range(40):  # ~8 MB of aborts of unknown ids: far past a socket's buffer
+            eng.abort(f"{i}-" + "x" * 200_000)
+        assert time.monotonic() - t0 < 2.0
+        os.kill(eng._proc.pid, signal.SIGCONT)
+        out = asyncio.run(asyncio.wait_for(final(eng, "after", [5, 6, 7]), 60))
+        assert out.finished and out.outputs[0].token_ids
+    finally:
+        os.kill(eng._proc.pid, signal.SIGCONT)
+        eng.shutdown()
+    assert eng._proc.exitcode == 0
