@@ -5,9 +5,10 @@ causal kernel over the pages beats torch's flash (`fp32_causal_kernel`).
 Without bf16 units a bf16 product is emulated, far slower than fp32: fp32, nothing to measure.
 With them (AMX, AVX512-BF16) bf16 is usually the faster, but not on every such CPU (the README
 names one where torch's bf16 flash attention is slower than its fp32). So both dtypes are timed
-on two representative shapes, a cold prompt's causal attention (256 queries, GQA 2:1, 64 dims)
-and a voice wave's shared-prefix product (1024 folded queries over 256 keys, by the prefix
-kernel `prefix_kernel` picks for that dtype), and the dtype with the smaller sum wins.
+on representative shapes, a prompt's causal attention (a cold 256-token prompt and a 48-token
+turn after cached context; fp32 by its faster path, the C++ kernel or torch's flash) and a voice
+wave's shared-prefix product (1024 folded queries over 256 keys, by the prefix kernel
+`prefix_kernel` picks for that dtype), and the dtype with the smaller sum wins.
 """
 
 from __future__ import annotations
@@ -35,35 +36,18 @@ def _best_ms(run: Callable[[], object], reps: int = 3) -> float:
     return min(times) * 1e3
 
 
-def _cost_ms(native: Any, dtype: torch.dtype) -> float:
+def _wave_ms(native: Any, dtype: torch.dtype) -> float:
+    """A voice wave's shared-prefix product in `dtype`, by the prefix kernel chosen for it."""
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, h, 256, 64, generator=g).to(dtype) for h in (4, 2, 2))
     qp = torch.randn(1, 2, 1024, 64, generator=g).to(dtype)
+    k, v = (torch.randn(1, 2, 256, 64, generator=g).to(dtype) for _ in range(2))
     kernel = prefix_kernel(native, dtype)
-    cold = _best_ms(lambda: flash(q, k, v, None, 0.125, causal=True))
-    wave = _best_ms(lambda: prefix_attention(kernel, native, qp, k, v, 0.125))
-    return cold + wave
+    return _best_ms(functools.partial(prefix_attention, kernel, native, qp, k, v, 0.125))
 
 
-@functools.lru_cache(maxsize=4)
-def prefill_dtype(native: Any, bf16_units: bool) -> torch.dtype:
-    """bf16 or fp32 for prefill attention on this CPU (fp32 without bf16 units)."""
-    if not bf16_units:
-        return torch.float32
-    fp32, bf16 = _cost_ms(native, torch.float32), _cost_ms(native, torch.bfloat16)
-    chosen = torch.bfloat16 if bf16 < fp32 else torch.float32
-    logger.info(
-        "prefill attention: fp32 %.2f ms, bf16 %.2f ms (a cold prompt and a voice wave): %s",
-        fp32,
-        bf16,
-        "bf16" if chosen == torch.bfloat16 else "fp32",
-    )
-    return chosen
-
-
-def _causal_cost_ms(native: Any | None) -> float:
+def _causal_cost_ms(native: Any | None, dtype: torch.dtype = torch.float32) -> float:
     """A cold 256-token prompt and a 48-token turn after 256 cached tokens, GQA 2:1, 64 dims: by the
-    C++ kernel over pages (native) or torch's flash over the gathered keys (None)."""
+    C++ kernel over pages (native; fp32) or torch's flash over the keys in `dtype` (None)."""
     g = torch.Generator().manual_seed(1)
     cache = torch.randn(2, 20, 16, 2, 64, generator=g)
     table = torch.arange(20)
@@ -74,24 +58,50 @@ def _causal_cost_ms(native: Any | None) -> float:
         if native is not None:
             run = functools.partial(native.prefill_attention, q, cache, table, ctx, ctx - t, 0.125)
         else:
-            qh = q.transpose(0, 1)[None]
-            kh, vh = (x[ctx - t : ctx].transpose(0, 1)[None] for x in (k, v))
+            qh = q.transpose(0, 1)[None].to(dtype)
+            kh, vh = (x[ctx - t : ctx].transpose(0, 1)[None].to(dtype) for x in (k, v))
             run = functools.partial(flash, qh, kh, vh, None, 0.125, causal=True)
         total += _best_ms(run)
     return total
 
 
 @functools.lru_cache(maxsize=4)
+def _fp32_causal_ms(native: Any) -> tuple[float | None, float]:
+    """(the C++ kernel's probe time, or None where it cannot run; torch's flash's), in fp32."""
+    usable = (
+        native is not None
+        and hasattr(native, "prefill_attention")
+        and native.n16_variant() != "scalar"
+    )
+    return (_causal_cost_ms(native) if usable else None), _causal_cost_ms(None)
+
+
+@functools.lru_cache(maxsize=4)
+def prefill_dtype(native: Any, bf16_units: bool) -> torch.dtype:
+    """bf16 or fp32 for prefill attention on this CPU (fp32 without bf16 units); fp32 is timed by
+    its faster causal path (the C++ kernel or torch's flash), as it would run."""
+    if not bf16_units:
+        return torch.float32
+    ours, theirs = _fp32_causal_ms(native)
+    fp32 = min(theirs, ours if ours is not None else theirs) + _wave_ms(native, torch.float32)
+    bf16 = _causal_cost_ms(None, torch.bfloat16) + _wave_ms(native, torch.bfloat16)
+    chosen = torch.bfloat16 if bf16 < fp32 else torch.float32
+    logger.info(
+        "prefill attention: fp32 %.2f ms, bf16 %.2f ms (a prompt, a turn, a voice wave): %s",
+        fp32,
+        bf16,
+        "bf16" if chosen == torch.bfloat16 else "fp32",
+    )
+    return chosen
+
+
+@functools.lru_cache(maxsize=4)
 def fp32_causal_kernel(native: Any) -> bool:
     """Whether fp32 prefill chunks run the C++ causal kernel (csrc/cpu/prefill_attention.cpp)
     rather than torch's flash: a build with vector units, and measured faster here."""
-    if (
-        native is None
-        or not hasattr(native, "prefill_attention")
-        or native.n16_variant() == "scalar"
-    ):
+    ours, theirs = _fp32_causal_ms(native)
+    if ours is None:
         return False
-    ours, theirs = _causal_cost_ms(native), _causal_cost_ms(None)
     logger.info(
         "fp32 causal prefill attention: C++ %.2f ms, torch flash %.2f ms: %s",
         ours,

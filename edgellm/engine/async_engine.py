@@ -34,7 +34,6 @@ from edgellm.engine.handoff import (
     stream_outputs,
 )
 from edgellm.engine.output import RequestOutput
-from edgellm.engine.request_checks import check_stop_strings
 from edgellm.engine.upkeep import TRIM_AFTER_IDLE_S, release_memory, warm_matmuls
 from edgellm.sampling import SamplingParams
 
@@ -122,10 +121,7 @@ class AsyncEngine:
         self, prompt: str | Seq[int], params: SamplingParams
     ) -> tuple[str | None, list[int]]:
         """Tokenize and validate in the caller's thread; raises ValueError on bad input."""
-        text, ids = self.engine.tokenize_prompt(prompt)
-        self.engine.validate_prompt(ids, params)
-        check_stop_strings(params, self.engine.tokenizer)
-        return text, ids
+        return self.engine.prepare(prompt, params)
 
     async def compile_grammar(self, params: SamplingParams) -> None:
         """Compile (or find cached) the grammar of params.structured_outputs, off the engine thread;

@@ -105,10 +105,9 @@ class EngineProcess:
         self, prompt: str | Seq[int], params: SamplingParams
     ) -> tuple[str | None, list[int]]:
         """Tokenize and validate in the caller's thread; raises ValueError on bad input."""
-        text, ids = request_checks.tokenize_prompt(self.tokenizer, prompt)
-        request_checks.check_prompt(ids, self.max_model_len, self._vocab_size)
-        request_checks.check_stop_strings(params, self.tokenizer)
-        return text, ids
+        return request_checks.prepare(
+            self.tokenizer, prompt, params, self.max_model_len, self._vocab_size
+        )
 
     async def compile_grammar(self, params: SamplingParams) -> None:
         """Compile (or find cached) the grammar of params.structured_outputs in the core, off its

@@ -104,8 +104,14 @@ class LLMEngine:
             return b"long-rope"
         return b""
 
-    def tokenize_prompt(self, prompt: str | Seq[int]) -> tuple[str | None, list[int]]:
-        return request_checks.tokenize_prompt(self.tokenizer, prompt)
+    def prepare(
+        self, prompt: str | Seq[int], params: SamplingParams
+    ) -> tuple[str | None, list[int]]:
+        """The prompt tokenized and the request checked (request_checks.prepare); ValueError on
+        bad input."""
+        return request_checks.prepare(
+            self.tokenizer, prompt, params, self.max_model_len, self.model_config.vocab_size
+        )
 
     def add_request(
         self,
@@ -124,9 +130,7 @@ class LLMEngine:
         if request_id in self.seqs:
             raise ValueError(f"request id {request_id!r} is already in use")
         self.validate_priority(priority)
-        text, ids = self.tokenize_prompt(prompt)
-        self.validate_prompt(ids, params)
-        request_checks.check_stop_strings(params, self.tokenizer)
+        text, ids = self.prepare(prompt, params)
         seq = Sequence(
             request_id,
             ids,
@@ -158,9 +162,6 @@ class LLMEngine:
 
     def validate_priority(self, priority: int) -> None:
         request_checks.check_priority(priority, self.config.scheduling_policy)
-
-    def validate_prompt(self, ids: list[int], params: SamplingParams) -> None:
-        request_checks.check_prompt(ids, self.max_model_len, self.model_config.vocab_size)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Stop a request now; its KV blocks are free when this returns."""

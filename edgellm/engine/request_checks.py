@@ -54,3 +54,17 @@ def check_prompt(ids: list[int], max_model_len: int, vocab_size: int) -> None:
 def check_stop_strings(params: SamplingParams, tokenizer: Tokenizer | None) -> None:
     if params.stop_strings and tokenizer is None:
         raise ValueError("stop strings need a tokenizer; this model has none")
+
+
+def prepare(
+    tokenizer: Tokenizer | None,
+    prompt: str | Seq[int],
+    params: SamplingParams,
+    max_model_len: int,
+    vocab_size: int,
+) -> tuple[str | None, list[int]]:
+    """The prompt tokenized and the request checked: (text or None, token ids)."""
+    text, ids = tokenize_prompt(tokenizer, prompt)
+    check_prompt(ids, max_model_len, vocab_size)
+    check_stop_strings(params, tokenizer)
+    return text, ids
