@@ -30,7 +30,9 @@ from tests.helpers.isa_levels import ISA_LEVELS, native_at
 
 # (rows M, K, N, group)
 SHAPES = [(1, 96, 37, 32), (3, 192, 21, 64), (5, 128, 9, 128), (2, 64, 5, 64), (7, 320, 13, 320), (17, 96, 11, 32),
-          (4, 288, 19, 96)]  # the last: an odd number of blocks, groups of 3 that straddle block pairs
+          (4, 288, 19, 96),  # an odd number of blocks, groups of 3 that straddle block pairs
+          # many rows (the wide order of the 512-bit tiles: tile pairs, 4 rows a pass, 64-row chunks):
+          (70, 96, 37, 32), (13, 192, 50, 64), (9, 288, 19, 96)]
 
 
 @pytest.mark.parametrize("level", ISA_LEVELS)
@@ -190,6 +192,18 @@ def test_n16_paths_agree_with_the_row_layout(native, rows):
     for layout in LAYOUTS[1:]:
         got = _run(native, x, q, scale, offset, 4, 64, bias, layout)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_n16_rows_do_not_depend_on_the_batch(native, bits):
+    """Each row's outputs come out of the same operations whatever rows share its call (decode
+    rows one by one, or a prefill chunk of 70 in the many-rows order): bit-equal, not just close,
+    so a request's logits do not depend on what it is batched with."""
+    x, q, scale, offset, bias = _case(70, 160, 45, 32, bits, False, seed=bits, offsets=True)
+    args = (pack_int_n16_ref(q, bits), tile_n16_ref(scale), tile_n16_ref(offset), bits, 32, bias, 45, 1 << 62)
+    whole = native.int_linear_n16(x, *args)
+    for lo, hi in ((0, 1), (1, 9), (9, 13), (13, 70)):
+        assert torch.equal(native.int_linear_n16(x[lo:hi].contiguous(), *args), whole[lo:hi])
 
 
 def test_n16_zero_rows_and_bad_shapes(native):

@@ -1,12 +1,17 @@
 // The n16 integer-dot tiles on AVX-512 VNNI (the contract: qgemm_n16.h; built for levels avx512 + vnni
-// and amx): a tile's 16 outputs are the 16 int32
-// lanes of one zmm. Per 32-column block the 8 layout rows (64 bytes each) are loaded once
-// (int4: 4 loads, one mask and one shift) and shared by up to MR activation rows; each row r
-// adds vpdpbusd(codes_r, the row's 4 activation bytes of columns 4 r .. 4 r + 3 broadcast) into
-// an int32 accumulator that starts at -128 * (the block's code sum) for int8 (undoing the
-// stored + 128), so the block dot is exact. It is converted and scaled by one FMA per block
-// (scale per output lane times the block's step); offsets add offset * dsum per group. No
-// horizontal sums: the lanes are the outputs.
+// and amx): a tile's 16 outputs are the 16 int32 lanes of one zmm; each layout row r of a 32-column
+// block adds vpdpbusd(codes_r, the activation row's 4 bytes of columns 4 r .. 4 r + 3 broadcast)
+// into an int32 sum that starts at -128 * (the block's code sum) for int8 (undoing the stored
+// + 128), so the block dot is exact. It is converted and scaled by one FMA per block (scale per
+// output lane times the block's step); offsets add offset * dsum per group. No horizontal sums:
+// the lanes are the outputs. Two loop orders, the same sums in the same order (so bit-equal):
+// - up to MR rows (decode): tile by tile, a block's 8 layout rows loaded (int4: 4 loads, one mask
+//   and one shift) and shared by the rows, whose fp32 sums stay in registers;
+// - more rows (prefill, wide decode batches): two tiles at a time, a block's codes of both
+//   unpacked into 16 registers once and run against every row of a chunk of up to WIDE_CHUNK rows,
+//   WR rows at a time (2 * WR independent vpdpbusd chains, enough to cover its latency), with the
+//   fp32 sums of the chunk in an L1 buffer. The codes are unpacked once per chunk, not once per
+//   MR rows, and each activation broadcast feeds two tiles.
 // Work is split over torch's threads by tiles.
 #include "qgemm_n16.h"
 
@@ -15,6 +20,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 namespace edgellm::cpu {
 namespace {
@@ -110,10 +116,112 @@ void vnni_rest(const N16Weights<S>& w, int64_t t, const QActs& x, int64_t m0, in
   }
 }
 
+// Many rows. The fp32 sums of rows m0 .. m0 + R (R <= WR) of a block: the int32 dots of the
+// block's codes wv of NT2 tiles against each row, converted and scaled into acc [rows, NT2 * 16].
+template <int BITS, int NT2, int R>
+inline void wide_block(const __m512i (&wv)[NT2][8], const __m512 (&sv)[NT2], const QActs& x, int64_t m0,
+                       int64_t b, float* acc) {
+  __m512i s[R][NT2];
+  for (int m = 0; m < R; ++m) {
+    const int32_t* is = x.isum + (m0 + m) * 2 * x.nb + 2 * b;
+    const __m512i s0 = BITS == 8 ? _mm512_set1_epi32(-128 * (is[0] + is[1])) : _mm512_setzero_si512();
+    for (int j = 0; j < NT2; ++j) s[m][j] = s0;
+  }
+  for (int r = 0; r < 8; ++r) {
+    for (int m = 0; m < R; ++m) {
+      const __m512i bc = bcast4(x.a + (m0 + m) * x.K + b * QB + 4 * r);
+      for (int j = 0; j < NT2; ++j) s[m][j] = _mm512_dpbusd_epi32(s[m][j], wv[j][r], bc);
+    }
+  }
+  for (int m = 0; m < R; ++m) {
+    const __m512 dm = _mm512_set1_ps(x.d[(m0 + m) * x.nb + b]);
+    for (int j = 0; j < NT2; ++j) {
+      float* o = acc + (m * NT2 + j) * N16;
+      _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[m][j]), _mm512_mul_ps(sv[j], dm), _mm512_loadu_ps(o)));
+    }
+  }
+}
+
+constexpr int WR = 4;                // rows of one pass over a block's unpacked codes
+constexpr int64_t WIDE_CHUNK = 64;   // rows whose fp32 sums share the L1 buffer (8 KB)
+
+template <int BITS, int NT2, typename S, int R = WR - 1>
+void wide_rest(const __m512i (&wv)[NT2][8], const __m512 (&sv)[NT2], const QActs& x, int64_t m0, int64_t left,
+               int64_t b, float* acc) {
+  if constexpr (R > 0) {
+    if (left == R) return wide_block<BITS, NT2, R>(wv, sv, x, m0, b, acc);
+    return wide_rest<BITS, NT2, S, R - 1>(wv, sv, x, m0, left, b, acc);
+  }
+}
+
+// Outputs of tiles t .. t + NT2 for rows m0 .. m0 + rows (rows <= WIDE_CHUNK, group >= 32).
+template <int BITS, int NT2, typename S>
+void wide_tiles(const N16Weights<S>& w, int64_t t, const QActs& x, int64_t m0, int64_t rows, float* y,
+                const float* bias, float* acc) {
+  std::fill(acc, acc + rows * NT2 * N16, 0.f);
+  const __m512i low4 = _mm512_set1_epi8(0x0f);
+  __m512 sv[NT2];
+  for (int64_t b = 0, left = 0, g = 0; b < w.nb; ++b) {
+    __m512i wv[NT2][8];
+    for (int j = 0; j < NT2; ++j) {
+      const uint8_t* p = w.q + (t + j) * w.tile_bytes() + b * w.block_bytes;
+      prefetch_ahead(p, w.block_bytes);
+      if constexpr (BITS == 4) {
+        for (int i = 0; i < 4; ++i) {
+          const __m512i raw = _mm512_loadu_si512(p + 64 * i);
+          wv[j][i] = _mm512_and_si512(raw, low4);
+          wv[j][i + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+        }
+      } else {
+        for (int i = 0; i < 8; ++i) wv[j][i] = _mm512_loadu_si512(p + 64 * i);
+      }
+    }
+    if (left-- == 0) {  // the first block of group g
+      for (int j = 0; j < NT2; ++j) sv[j] = load16(w.scale + ((t + j) * w.G + g) * N16);
+      ++g;
+      left = w.bpg - 1;
+    }
+    int64_t m = 0;
+    for (; m + WR <= rows; m += WR) wide_block<BITS, NT2, WR>(wv, sv, x, m0 + m, b, acc + m * NT2 * N16);
+    if (m < rows) wide_rest<BITS, NT2, S>(wv, sv, x, m0 + m, rows - m, b, acc + m * NT2 * N16);
+  }
+  for (int j = 0; j < NT2; ++j) {
+    const int64_t n0 = (t + j) * N16, valid = std::min<int64_t>(N16, w.N - n0);
+    const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
+    const __m512 bv = bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
+    const S* offs = w.offset != nullptr ? w.offset + (t + j) * w.G * N16 : nullptr;
+    for (int64_t m = 0; m < rows; ++m) {
+      __m512 v = _mm512_loadu_ps(acc + (m * NT2 + j) * N16);
+      if (offs != nullptr) {
+        const float* ds = x.dsum + (m0 + m) * x.G;
+        for (int64_t g = 0; g < w.G; ++g) v = _mm512_fmadd_ps(load16(offs + g * N16), _mm512_set1_ps(ds[g]), v);
+      }
+      _mm512_mask_storeu_ps(y + (m0 + m) * w.N + n0, mask, _mm512_add_ps(v, bv));
+    }
+  }
+}
+
+// Tiles [t0, t1), all M rows, in the many-rows order.
+template <int BITS, typename S>
+void wide(const N16Weights<S>& w, int64_t t0, int64_t t1, const QActs& x, int64_t M, float* y, const float* bias) {
+  thread_local std::vector<float> acc(WIDE_CHUNK * 2 * N16);
+  for (int64_t t = t0; t < t1; t += 2) {
+    for (int64_t m = 0; m < M; m += WIDE_CHUNK) {
+      const int64_t rows = std::min(WIDE_CHUNK, M - m);
+      if (t + 2 <= t1) {
+        wide_tiles<BITS, 2>(w, t, x, m, rows, y, bias, acc.data());
+      } else {
+        wide_tiles<BITS, 1>(w, t, x, m, rows, y, bias, acc.data());
+      }
+    }
+  }
+}
+
 }  // namespace
 
 template <int BITS, typename S>
 void n16_tiles(const N16Weights<S>& w, int64_t t0, int64_t t1, const QActs& x, int64_t M, float* y, const float* bias) {
+  if (M > MR && w.bpg > 0) return wide<BITS, S>(w, t0, t1, x, M, y, bias);
   for (int64_t t = t0; t < t1; ++t) {
     int64_t m = 0;
     for (; m + MR <= M; m += MR) vnni_rows<BITS, MR>(w, t, x, m, y, w.N, bias);
