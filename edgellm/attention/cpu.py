@@ -169,10 +169,16 @@ class CpuAttention(AttentionBackend):
                 native_prefill,
             )
         if native_prefill is not None:
-            for i in range(first, len(seq_lens)):
-                start, end = query_start_loc[i], query_start_loc[i + 1]
-                out[start:end] = native_prefill.prefill_attention(
-                    query[start:end], kv_cache, block_tables[i].long(), seq_lens[i], 0, scale
+            if first < len(seq_lens):  # the chunks left, in one call
+                qs, qe = query_start_loc[first], query_start_loc[-1]
+                out[qs:qe] = native_prefill.prefill_attention_many(
+                    query[qs:qe],
+                    kv_cache,
+                    block_tables[first:].long(),
+                    seq_lens[first:],
+                    [query_start_loc[i] - qs for i in range(first, len(seq_lens) + 1)],
+                    [0] * (len(seq_lens) - first),
+                    scale,
                 )[0]
             return out
         prefill_rows_ref(

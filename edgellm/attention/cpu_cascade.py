@@ -111,15 +111,16 @@ def cascade_prefill(
     o1 = o1.reshape(hq, n_q, d).transpose(0, 1)  # [Nq, Hq, D]
     lse1 = lse1.reshape(hq, n_q).t()
     lens = [query_start_loc[i + 1] - query_start_loc[i] for i in range(first, len(seq_lens))]
-    if native_prefill is not None:  # each chunk's suffix by the C++ causal kernel, from its pages
-        o2 = torch.empty(n_q, hq, d)
-        lse2 = torch.empty(n_q, hq)
-        for i in range(first, len(seq_lens)):
-            start, end = query_start_loc[i], query_start_loc[i + 1]
-            rows = slice(start - qs, end - qs)
-            o2[rows], lse2[rows] = native_prefill.prefill_attention(
-                query[start:end], kv_cache, block_tables[i], seq_lens[i], prefix, scale
-            )
+    if native_prefill is not None:  # every chunk's suffix by the C++ causal kernel, in one call
+        o2, lse2 = native_prefill.prefill_attention_many(
+            query[qs:qe],
+            kv_cache,
+            block_tables[first:],
+            seq_lens[first:],
+            [query_start_loc[i] - qs for i in range(first, len(seq_lens) + 1)],
+            [prefix] * len(lens),
+            scale,
+        )
     elif kv_cache.dtype != torch.float8_e4m3fn and all(
         seq_lens[first + j] - n == prefix for j, n in enumerate(lens)
     ):

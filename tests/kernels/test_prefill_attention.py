@@ -88,3 +88,38 @@ def test_bad_input_is_refused(native):
         native.prefill_attention(q, cache, torch.tensor([0, 1, 99]), 40, 0, 0.125)
     with pytest.raises(RuntimeError, match="head dim"):
         native.prefill_attention(torch.randn(8, 4, 48), torch.randn(2, 4, 16, 2, 48), table, 40, 0, 0.125)
+
+
+def test_many_chunks_in_one_call(native):
+    """prefill_attention_many: chunks of different lengths, contexts and key starts (a cold prompt,
+    two turns over one shared prefix's pages, a chunk after cached context), as one step's batch
+    lays them out: each chunk's rows equal its own call bit for bit, and the reference."""
+    g = torch.Generator().manual_seed(5)
+    hq, hkv, d, bs = 6, 2, 64, 16
+    cache = torch.randn(2, 40, bs, hkv, d, generator=g)
+    pages = torch.randperm(40, generator=g)
+    shared = pages[:4]  # 64 tokens every turn starts with
+    # (T, ctx, key_start, the chunk's pages)
+    chunks = [(23, 23, 0, pages[4:6]), (19, 83, 64, torch.cat((shared, pages[6:8]))),
+              (7, 71, 64, torch.cat((shared, pages[8:9]))), (40, 100, 0, pages[10:17])]
+    width = max(len(p) for *_, p in chunks)
+    tables = torch.stack([torch.cat((p, p.new_zeros(width - len(p)))) for *_, p in chunks])
+    starts = [0]
+    for t, *_ in chunks:
+        starts.append(starts[-1] + t)
+    q = torch.randn(starts[-1], hq, d, generator=g)
+    out, lse = native.prefill_attention_many(q, cache, tables, [c[1] for c in chunks], starts,
+                                             [c[2] for c in chunks], 0.125)
+    for i, (t, ctx, key_start, p) in enumerate(chunks):
+        rows = slice(starts[i], starts[i + 1])
+        one, one_lse = native.prefill_attention(q[rows], cache, p, ctx, key_start, 0.125)
+        assert torch.equal(out[rows], one) and torch.equal(lse[rows], one_lse)
+        k = cache[0, p].reshape(-1, hkv, d)[:ctx]
+        v = cache[1, p].reshape(-1, hkv, d)[:ctx]
+        want, want_lse = reference(q[rows], k, v, ctx, key_start, 0.125)
+        assert (out[rows].double() - want).abs().max().item() < 1e-5
+        assert (lse[rows].double() - want_lse).abs().max().item() < 1e-5
+    with pytest.raises(RuntimeError, match="q_start"):
+        native.prefill_attention_many(q, cache, tables, [23, 83, 71, 100], starts[:-1], [0, 64, 64, 0], 0.125)
+    with pytest.raises(RuntimeError, match="chunk 1"):
+        native.prefill_attention_many(q, cache, tables, [23, 18, 71, 100], starts, [0, 64, 64, 0], 0.125)

@@ -17,6 +17,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", torch::wrap_pybind_function(edgellm::cpu::decode_attention), "decode_attention");
   m.def("decode_layers", torch::wrap_pybind_function(edgellm::cpu::decode_layers), "decode_layers");
   m.def("prefill_attention", torch::wrap_pybind_function(edgellm::cpu::prefill_attention), "prefill_attention");
+  m.def("prefill_attention_many", torch::wrap_pybind_function(edgellm::cpu::prefill_attention_many),
+        "prefill_attention_many");
   m.def("prefix_softmax_bf16", torch::wrap_pybind_function(edgellm::cpu::prefix_softmax_bf16), "prefix_softmax_bf16");
   m.def("rotate_", torch::wrap_pybind_function(edgellm::cpu::rotate_), "rotate_");
   m.def("silu_mul", torch::wrap_pybind_function(edgellm::cpu::silu_mul), "silu_mul");

@@ -1,14 +1,12 @@
 // Causal prefill attention in fp32 over the paged KV cache (the contract: prefill_attention.h).
 //
-// A work item is one kv head and BQ query positions, with the G query heads that share the kv head
-// (G * BQ rows). It walks the key tiles (64 keys: four sub-tiles of 16, each inside one page) up
-// to its last query's position, skipping what the causal mask hides whole. Per tile the keys are
-// transposed once ([D][64]), so that RB rows' scores come out of broadcast-FMAs (no horizontal
-// sums); then per row the online softmax (running max and denominator, the accumulator rescaled
-// only when the max grows) and the probabilities times the value rows, read in place from the
-// pages. Items are split
-// over torch's threads by their cost (the key tiles they read), so the causal triangle's long
-// rows do not all land on one thread.
+// A work item is one chunk, one kv head and BQ query positions, with the G query heads that share
+// the kv head (G * BQ rows). It walks the key tiles (64 keys: four sub-tiles of 16, each inside
+// one page) up to its last query's position, skipping what the causal mask hides whole. Per tile
+// the keys are transposed once ([D][64]), so that RB rows' scores come out of broadcast-FMAs (no
+// horizontal sums, the 4 x 4 accumulators in registers, stored once per tile); then per row the
+// online softmax (running max and denominator, the accumulator rescaled only when the max grows)
+// and the probabilities times the value rows, read in place from the pages.
 #include "prefill_attention.h"
 
 #include <ATen/Parallel.h>
@@ -18,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include "vec.h"
@@ -81,17 +80,23 @@ void item(const Job& j, const float* kt, int64_t h, int64_t i0, int64_t i1) {
     // every loop below over RB rows or NSUB sub-tiles has a fixed count, so the scores stay in
     // registers; keys a row does not see get probability 0
     for (int64_t r0 = 0; r0 < R; r0 += RB) {
-      V16 s[RB][NSUB];
-      for (int u = 0; u < RB; ++u) {
-        for (int sb = 0; sb < NSUB; ++sb) s[u][sb] = v16_zero();
-      }
-      for (int64_t d = 0; d < D; ++d) {
-        const float* kd = ktile + d * KT;
-        V16 qd[RB];
-        for (int u = 0; u < RB; ++u) qd[u] = v16_set1(qrow[r0 + u][d]);
-        for (int sb = 0; sb < NSUB; ++sb) {
-          const V16 kv = v16_load(kd + sb * SUB);
-          for (int u = 0; u < RB; ++u) s[u][sb] = v16_fmadd(qd[u], kv, s[u][sb]);
+      {  // the RB rows' scaled scores into buf: accumulated in registers, stored once per tile
+        V16 s[RB][NSUB];
+        for (int u = 0; u < RB; ++u) {
+          for (int sb = 0; sb < NSUB; ++sb) s[u][sb] = v16_zero();
+        }
+        for (int64_t d = 0; d < D; ++d) {
+          const float* kd = ktile + d * KT;
+          V16 qd[RB];
+          for (int u = 0; u < RB; ++u) qd[u] = v16_set1(qrow[r0 + u][d]);
+          for (int sb = 0; sb < NSUB; ++sb) {
+            const V16 kv = v16_load(kd + sb * SUB);
+            for (int u = 0; u < RB; ++u) s[u][sb] = v16_fmadd(qd[u], kv, s[u][sb]);
+          }
+        }
+        const V16 sc = v16_set1(j.scale);
+        for (int u = 0; u < RB; ++u) {
+          for (int sb = 0; sb < NSUB; ++sb) v16_store(buf[u] + sb * SUB, v16_mul(s[u][sb], sc));
         }
       }
       int64_t valid[RB];
@@ -106,13 +111,9 @@ void item(const Job& j, const float* kt, int64_t h, int64_t i0, int64_t i1) {
           for (int64_t t = 0; t < KT; ++t) buf[u][t] = 0.f;
           continue;
         }
+        for (int64_t t = valid[u]; t < KT; ++t) buf[u][t] = NEG_INF;
         V16 sv[NSUB];
-        for (int sb = 0; sb < NSUB; ++sb) sv[sb] = v16_mul(s[u][sb], v16_set1(j.scale));
-        if (valid[u] < KT) {
-          for (int sb = 0; sb < NSUB; ++sb) v16_store(buf[u] + sb * SUB, sv[sb]);
-          for (int64_t t = valid[u]; t < KT; ++t) buf[u][t] = NEG_INF;
-          for (int sb = 0; sb < NSUB; ++sb) sv[sb] = v16_load(buf[u] + sb * SUB);
-        }
+        for (int sb = 0; sb < NSUB; ++sb) sv[sb] = v16_load(buf[u] + sb * SUB);
         const V16 mx = v16_max(v16_max(sv[0], sv[1]), v16_max(sv[2], sv[3]));
         const float m_new = std::max(m[r], v16_hmax(mx));
         const V16 mv = v16_set1(m_new);
@@ -171,49 +172,71 @@ void item(const Job& j, const float* kt, int64_t h, int64_t i0, int64_t i1) {
   }
 }
 
-// The key tiles of every kv head, transposed once for all the query blocks that read them.
+// The 64-key tile of kv head h from position kp, transposed into out ([D][KT]; keys past the
+// context are 0).
 template <int DC>
-std::vector<float> transpose_keys(const Job& j, int64_t ntiles) {
+void transpose_tile(const Job& j, int64_t h, int64_t kp, float* out) {
   constexpr int64_t D = DC * 16;
-  std::vector<float> kt(j.Hkv * ntiles * D * KT);
-  at::parallel_for(0, j.Hkv * ntiles, 1, [&](int64_t w0, int64_t w1) {
-    for (int64_t w = w0; w < w1; ++w) {
-      const int64_t h = w / ntiles, kp = j.key_start + (w % ntiles) * KT;
-      float* out = kt.data() + w * D * KT;
-      for (int64_t t = 0; t < KT; ++t) {
-        const int64_t pos = kp + t;
-        if (pos >= j.ctx) {
-          for (int64_t d = 0; d < D; ++d) out[d * KT + t] = 0.f;
-          continue;
-        }
-        const float* kr = j.kc + ((j.table[pos / j.BS] * j.BS + pos % j.BS) * j.Hkv + h) * D;
-        for (int64_t d = 0; d < D; ++d) out[d * KT + t] = kr[d];
-      }
+  for (int64_t t = 0; t < KT; ++t) {
+    const int64_t pos = kp + t;
+    if (pos >= j.ctx) {
+      for (int64_t d = 0; d < D; ++d) out[d * KT + t] = 0.f;
+      continue;
     }
-  });
-  return kt;
+    const float* kr = j.kc + ((j.table[pos / j.BS] * j.BS + pos % j.BS) * j.Hkv + h) * D;
+    for (int64_t d = 0; d < D; ++d) out[d * KT + t] = kr[d];
+  }
 }
 
+// Every chunk's items in one parallel region. The keys of each chunk are transposed first (one
+// region over (chunk, kv head, tile)); then the items (chunk, kv head, query block) are split over
+// torch's threads by their cost (the key tiles they read), so neither the causal triangle's long
+// rows nor one long chunk among short ones lands on one thread.
 template <int DC>
-void run(const Job& j) {
-  const int64_t nqb = (j.T + BQ - 1) / BQ, n_items = j.Hkv * nqb, first = j.ctx - j.T;
-  std::vector<int64_t> cost_end(n_items);  // running sum of key tiles read, items in order
+void run(const std::vector<Job>& jobs) {
+  constexpr int64_t D = DC * 16;
+  struct Item {
+    int64_t job, h, i0, i1;
+  };
+  std::vector<Item> items;
+  std::vector<int64_t> cost_end;  // running sum of key tiles read, items in order
+  std::vector<int64_t> tiles_of(jobs.size()), tile_base(jobs.size() + 1, 0);
   int64_t total = 0;
-  for (int64_t it = 0; it < n_items; ++it) {
-    const int64_t qb = it % nqb, last = first + std::min(j.T, (qb + 1) * BQ) - 1;
-    total += (last - j.key_start) / KT + 1;
-    cost_end[it] = total;
+  for (size_t c = 0; c < jobs.size(); ++c) {
+    const Job& j = jobs[c];
+    const int64_t nqb = (j.T + BQ - 1) / BQ, first = j.ctx - j.T;
+    tiles_of[c] = (j.ctx - j.key_start + KT - 1) / KT;
+    tile_base[c + 1] = tile_base[c] + j.Hkv * tiles_of[c];
+    for (int64_t h = 0; h < j.Hkv; ++h) {
+      for (int64_t qb = 0; qb < nqb; ++qb) {
+        const int64_t i1 = std::min(j.T, (qb + 1) * BQ);
+        total += (first + i1 - 1 - j.key_start) / KT + 1;
+        items.push_back({static_cast<int64_t>(c), h, qb * BQ, i1});
+        cost_end.push_back(total);
+      }
+    }
   }
-  const int64_t ntiles = (j.ctx - j.key_start + KT - 1) / KT;
-  const std::vector<float> kt = transpose_keys<DC>(j, ntiles);
+  // the key tiles of every chunk and kv head, transposed once for all the query blocks that read them
+  std::vector<float> kt(tile_base.back() * D * KT);
+  at::parallel_for(0, tile_base.back(), 1, [&](int64_t w0, int64_t w1) {
+    size_t c = std::upper_bound(tile_base.begin(), tile_base.end(), w0) - tile_base.begin() - 1;
+    for (int64_t w = w0; w < w1; ++w) {
+      while (w >= tile_base[c + 1]) ++c;
+      const Job& j = jobs[c];
+      const int64_t local = w - tile_base[c], h = local / tiles_of[c], kp = j.key_start + (local % tiles_of[c]) * KT;
+      transpose_tile<DC>(j, h, kp, kt.data() + w * D * KT);
+    }
+  });
+  const int64_t n_items = static_cast<int64_t>(items.size());
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n_items));
   at::parallel_for(0, nt, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {  // thread t: the items whose cost ends in its share
       const int64_t lo = total * t / nt, hi = total * (t + 1) / nt;
       for (int64_t it = 0; it < n_items; ++it) {
         if (cost_end[it] <= lo || cost_end[it] > hi) continue;
-        const int64_t h = it / nqb, qb = it % nqb;
-        item<DC>(j, kt.data() + h * ntiles * (DC * 16) * KT, h, qb * BQ, std::min(j.T, (qb + 1) * BQ));
+        const Item& x = items[it];
+        const float* ktiles = kt.data() + (tile_base[x.job] + x.h * tiles_of[x.job]) * D * KT;
+        item<DC>(jobs[x.job], ktiles, x.h, x.i0, x.i1);
       }
     }
   });
@@ -225,45 +248,68 @@ constexpr int64_t SUB = 16;
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> prefill_attention(const at::Tensor& q, const at::Tensor& kv_cache,
-                                                     const at::Tensor& table, int64_t ctx, int64_t key_start,
-                                                     double scale) {
+std::tuple<at::Tensor, at::Tensor> prefill_attention_many(const at::Tensor& q, const at::Tensor& kv_cache,
+                                                          const at::Tensor& tables, const std::vector<int64_t>& ctx,
+                                                          const std::vector<int64_t>& q_start,
+                                                          const std::vector<int64_t>& key_start, double scale) {
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.stride(2) == 1 && q.stride(1) == q.size(2),
-              "q: [T, Hq, D] fp32, heads and dims contiguous");
+              "q: [N, Hq, D] fp32, heads and dims contiguous");
   TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.scalar_type() == at::kFloat &&
                   kv_cache.is_contiguous(),
               "kv_cache: [2, NB, BS, Hkv, D] fp32, contiguous");
-  const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2);
+  const int64_t N = q.size(0), Hq = q.size(1), D = q.size(2), B = static_cast<int64_t>(ctx.size());
   const int64_t NB = kv_cache.size(1), BS = kv_cache.size(2), Hkv = kv_cache.size(3);
   TORCH_CHECK(kv_cache.size(4) == D && Hkv > 0 && Hq % Hkv == 0, "kv_cache heads/dims do not fit q");
   TORCH_CHECK(D == 64 || D == 96 || D == 128 || D == 256, "head dim must be 64, 96, 128 or 256, got ", D);
   TORCH_CHECK(BS % SUB == 0, "block size must be a multiple of ", SUB);
-  TORCH_CHECK(T > 0 && ctx >= T && key_start >= 0 && key_start % SUB == 0 && key_start <= ctx - T,
-              "need 0 < T <= ctx and key_start a multiple of 16 at most ctx - T");
-  TORCH_CHECK(table.dim() == 1 && table.scalar_type() == at::kLong && table.is_contiguous() &&
-                  table.size(0) * BS >= ctx,
-              "table: int64 [>= ceil(ctx / BS)]");
-  const int64_t* tp = table.data_ptr<int64_t>();
-  for (int64_t b = key_start / BS; b < (ctx + BS - 1) / BS; ++b) {
-    TORCH_CHECK(tp[b] >= 0 && tp[b] < NB, "block table entry ", tp[b], " outside the cache's ", NB, " blocks");
+  TORCH_CHECK(B > 0 && static_cast<int64_t>(q_start.size()) == B + 1 && static_cast<int64_t>(key_start.size()) == B &&
+                  q_start[0] == 0 && q_start[B] == N,
+              "need one ctx and key_start per chunk and q_start [0, .., N] (chunks + 1 entries)");
+  TORCH_CHECK(tables.dim() == 2 && tables.size(0) == B && tables.scalar_type() == at::kLong && tables.stride(1) == 1,
+              "tables: int64 [chunks, W], rows contiguous");
+  const int64_t* tp = tables.data_ptr<int64_t>();
+  for (int64_t c = 0; c < B; ++c) {
+    const int64_t T = q_start[c + 1] - q_start[c];
+    TORCH_CHECK(T > 0 && ctx[c] >= T && key_start[c] >= 0 && key_start[c] % SUB == 0 && key_start[c] <= ctx[c] - T,
+                "chunk ", c, ": need 0 < T <= ctx and key_start a multiple of 16 at most ctx - T");
+    TORCH_CHECK(tables.size(1) * BS >= ctx[c], "chunk ", c, ": its table row covers fewer than ctx = ", ctx[c], " keys");
+    for (int64_t b = key_start[c] / BS; b < (ctx[c] + BS - 1) / BS; ++b) {
+      const int64_t e = tp[c * tables.stride(0) + b];
+      TORCH_CHECK(e >= 0 && e < NB, "block table entry ", e, " outside the cache's ", NB, " blocks");
+    }
   }
-  auto out = at::empty({T, Hq, D}, q.options());
-  auto lse = at::empty({T, Hq}, q.options());
-  const float* kc = kv_cache.data_ptr<float>();
+  auto out = at::empty({N, Hq, D}, q.options());
+  auto lse = at::empty({N, Hq}, q.options());
 #if defined(EDGELLM_V16)
-  const Job j{q.data_ptr<float>(), q.stride(0), kc, kc + NB * BS * Hkv * D, tp, BS, Hkv, Hq, D, Hq / Hkv, T,
-              ctx, key_start, static_cast<float>(scale), out.data_ptr<float>(), lse.data_ptr<float>()};
+  const float* kc = kv_cache.data_ptr<float>();
+  std::vector<Job> jobs;
+  for (int64_t c = 0; c < B; ++c) {
+    const int64_t s0 = q_start[c];
+    jobs.push_back(Job{q.data_ptr<float>() + s0 * q.stride(0), q.stride(0), kc, kc + NB * BS * Hkv * D,
+                       tp + c * tables.stride(0), BS, Hkv, Hq, D, Hq / Hkv, q_start[c + 1] - s0, ctx[c],
+                       key_start[c], static_cast<float>(scale), out.data_ptr<float>() + s0 * Hq * D,
+                       lse.data_ptr<float>() + s0 * Hq});
+  }
   pybind11::gil_scoped_release no_gil;
   switch (D) {
-    case 64: run<4>(j); break;
-    case 96: run<6>(j); break;
-    case 128: run<8>(j); break;
-    default: run<16>(j); break;
+    case 64: run<4>(jobs); break;
+    case 96: run<6>(jobs); break;
+    case 128: run<8>(jobs); break;
+    default: run<16>(jobs); break;
   }
 #else
   TORCH_CHECK(false, "prefill_attention needs a build with AVX2 or AVX-512 (n16_variant() != 'scalar')");
 #endif
   return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor> prefill_attention(const at::Tensor& q, const at::Tensor& kv_cache,
+                                                     const at::Tensor& table, int64_t ctx, int64_t key_start,
+                                                     double scale) {
+  TORCH_CHECK(table.dim() == 1 && table.scalar_type() == at::kLong && table.is_contiguous(),
+              "table: int64 [>= ceil(ctx / BS)]");
+  TORCH_CHECK(q.dim() == 3, "q: [T, Hq, D] fp32, heads and dims contiguous");
+  return prefill_attention_many(q, kv_cache, table.unsqueeze(0), {ctx}, {0, q.size(0)}, {key_start}, scale);
 }
 
 }  // namespace edgellm::cpu

@@ -3,7 +3,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <tuple>
+#include <vector>
 
 namespace edgellm::cpu {
 
@@ -17,5 +19,15 @@ namespace edgellm::cpu {
 std::tuple<at::Tensor, at::Tensor> prefill_attention(const at::Tensor& q, const at::Tensor& kv_cache,
                                                      const at::Tensor& table, int64_t ctx, int64_t key_start,
                                                      double scale);
+
+// Many chunks in one call (one parallel region: a step's prefill chunks, or each chunk's suffix
+// of a shared-prefix step): chunk c's queries are rows q_start[c] .. q_start[c + 1] of q
+// [N, Hq, D], at context positions ctx[c] - T .. ctx[c] - 1 (T its row count), its pages row c of
+// tables [chunks, W] int64, its keys from key_start[c]; each as prefill_attention above.
+// Returns (out [N, Hq, D], lse [N, Hq]).
+std::tuple<at::Tensor, at::Tensor> prefill_attention_many(const at::Tensor& q, const at::Tensor& kv_cache,
+                                                          const at::Tensor& tables, const std::vector<int64_t>& ctx,
+                                                          const std::vector<int64_t>& q_start,
+                                                          const std::vector<int64_t>& key_start, double scale);
 
 }  // namespace edgellm::cpu
