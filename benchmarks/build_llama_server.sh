@@ -58,7 +58,7 @@ CMAKE_ARGS=(
 STAMP="$BASE/build/build.stamp"
 STAMP_TEXT="llama-cpp-python==$LLAMA_CPP_PY_VERSION ${CMAKE_ARGS[*]}"
 
-if [[ -x "$BIN" && -f "$STAMP" && "$(cat "$STAMP")" == "$STAMP_TEXT" ]]; then
+if [[ -x "$BIN" && -x "$(dirname "$BIN")/llama-bench" && -f "$STAMP" && "$(cat "$STAMP")" == "$STAMP_TEXT" ]]; then
     log "already built"
     echo "$BIN"
     exit 0
@@ -132,9 +132,9 @@ BUILD_DIR="$LLAMA_DIR/build"
 log "configuring in $BUILD_DIR"
 "$CMAKE_BIN" -S "$LLAMA_DIR" -B "$BUILD_DIR" -DCMAKE_CXX_COMPILER="$CXX_BIN" "${CMAKE_ARGS[@]}"
 
-log "building llama-server with -j $BUILD_JOBS"
+log "building llama-server and llama-bench with -j $BUILD_JOBS"
 START=$(date +%s)
-"$CMAKE_BIN" --build "$BUILD_DIR" --target llama-server -j "$BUILD_JOBS"
+"$CMAKE_BIN" --build "$BUILD_DIR" --target llama-server llama-bench -j "$BUILD_JOBS"
 log "build took $(( $(date +%s) - START )) s"
 
 BUILT="$BUILD_DIR/bin/llama-server"
@@ -148,6 +148,9 @@ fi
 
 mkdir -p "$(dirname "$BIN")"
 ln -sfn "$BUILT" "$BIN"
+if [[ -x "$(dirname "$BUILT")/llama-bench" ]]; then  # prompt processing: benchmarks/offline_throughput.py
+    ln -sfn "$(dirname "$BUILT")/llama-bench" "$(dirname "$BIN")/llama-bench"
+fi
 echo "$STAMP_TEXT" > "$STAMP"
 "$BIN" --version >&2 || true
 echo "$BIN"

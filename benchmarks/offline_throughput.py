@@ -6,7 +6,9 @@ Measures, side by side:
     and with 16 requests at once (edgellm: continuous batching; transformers:
     one padded static batch);
   - prefill tokens/s of a long shared system prompt + short user turn, cold
-    vs a prefix-cache hit (edgellm), and transformers' prefill of the same.
+    vs a prefix-cache hit (edgellm), and transformers' prefill of the same;
+  - llama.cpp's prompt processing on the same GGUF (`llama-bench -p 512 -n 0`, same thread
+    count), where benchmarks/build_llama_server.sh has built it.
 Prints a table with ratios and writes benchmarks/results/offline_throughput.json.
 
     python benchmarks/offline_throughput.py [--new-tokens 64] [--repeats 3]
@@ -23,6 +25,7 @@ from pathlib import Path
 import torch
 
 from edgellm import LLM, SamplingParams
+from edgellm.bench.llama_cpp import find_llama_bench, find_llama_server, llama_bench_prompt
 from edgellm.bench.machine import describe, machine_info
 from edgellm.loader import default_model_path
 
@@ -109,6 +112,15 @@ def main() -> None:
         t_hf_pre, _ = timed(lambda: hf(torch.tensor([turns[1]])), args.repeats)
     rows.append((f"prefill tok/s, {n_prompt}-token prompt, cold", n_prompt / t_cold, n_prompt / t_hf_pre))
     rows.append((f"prefill tok/s, {n_prompt}-token prompt, prefix hit", n_prompt / t_warm, n_prompt / t_hf_pre))
+    llama = None
+    bench = find_llama_bench(find_llama_server(None))
+    if bench is not None:
+        try:
+            pp = llama_bench_prompt(bench, path, 512, torch.get_num_threads(), args.repeats)
+            llama = {"binary": str(bench), "pp512_tok_s": pp, "edgellm_cold_tok_s": n_prompt / t_cold,
+                     "ratio": n_prompt / t_cold / pp}
+        except RuntimeError as exc:
+            print(f"llama-bench: {exc}")
 
     print(f"\nmachine: {describe(machine_info())}")
     print(f"model: {path.name} (edgellm --cpu-quant {args.cpu_quant}; transformers fp32 dequantized from the same GGUF)\n")
@@ -116,6 +128,9 @@ def main() -> None:
     for name, e, h in rows:
         print(f"{name:48s} {e:10.1f} {h:13.1f} {e / h:6.2f}x")
     print(f"\nprefix hit vs cold prefill (edgellm): {t_cold / t_warm:.1f}x faster time-to-first-token")
+    if llama is not None:
+        print(f"cold prefill: edgellm {llama['edgellm_cold_tok_s']:.1f} tok/s ({n_prompt} tokens), llama.cpp "
+              f"(llama-bench -p 512) {llama['pp512_tok_s']:.1f} tok/s: {llama['ratio']:.2f}x")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({
         "machine": machine_info(),
@@ -124,6 +139,7 @@ def main() -> None:
         "new_tokens": n_new,
         "rows": [{"measure": n, "edgellm": e, "transformers": h, "ratio": e / h} for n, e, h in rows],
         "prefix_hit_speedup": t_cold / t_warm,
+        "llama_bench": llama,
     }, indent=2))
 
 

@@ -2,7 +2,7 @@
 
 - `find_llama_server`: the `llama-server` binary (benchmarks/build_llama_server.sh builds it from
   the llama.cpp that the llama-cpp-python sdist on PyPI vendors) and `llama_flags`, the options
-  that build knows;
+  that build knows; `find_llama_bench`, the same build's `llama-bench`;
 - `converter_dir`: the same vendored llama.cpp tree, for its Python GGUF converter
   (convert_hf_to_gguf.py with its `conversion` package and gguf-py). Found in the cache where the
   build script unpacks it, else the sdist is downloaded from the package registry and only the
@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -38,6 +39,49 @@ def find_llama_server(explicit: str | None) -> Path | None:
         ):
             return Path(cand).expanduser()
     return None
+
+
+def find_llama_bench(server: Path | None) -> Path | None:
+    """The `llama-bench` built beside `server` (the build script links both into one directory;
+    also looked for beside the link's target), or None."""
+    if server is None:
+        return None
+    for folder in (server.parent, server.resolve().parent):
+        cand = folder / "llama-bench"
+        if cand.is_file() and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def llama_bench_prompt(bench: Path, model: Path, tokens: int, threads: int, repeats: int) -> float:
+    """llama.cpp's prompt processing rate in tokens/s: `llama-bench -p tokens -n 0` on `model`
+    with `threads` threads, the mean of `repeats` runs. Raises RuntimeError when it fails."""
+    cmd = [
+        str(bench),
+        "-m",
+        str(model),
+        "-p",
+        str(tokens),
+        "-n",
+        "0",
+        "-t",
+        str(threads),
+        "-r",
+        str(repeats),
+        "-o",
+        "json",
+    ]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise RuntimeError(f"llama-bench did not run: {exc}") from exc
+    start = proc.stdout.find("[")
+    if proc.returncode != 0 or start < 0:
+        raise RuntimeError(f"llama-bench failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
+    runs = [r for r in json.loads(proc.stdout[start:]) if r.get("n_prompt") == tokens]
+    if not runs:
+        raise RuntimeError("llama-bench printed no prompt-processing result")
+    return float(runs[0]["avg_ts"])
 
 
 def llama_flags(binary: Path) -> set[str]:
