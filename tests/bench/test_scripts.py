@@ -59,6 +59,13 @@ def quick_cpu_int_dot(tmp_path):
     assert r["ms_per_layer"] and all(x > 0 for x in numbers(r["ms_per_layer"]))
 
 
+def quick_cpu_native_ab(tmp_path):
+    r = run_json("cpu_native_ab", tmp_path, "--base", "HEAD", "--rows", "1,9", "--tokens", "16",
+                 "--repeats", "1")
+    assert set(r["int_linear_n16 ms per layer"]) == {"1", "9"} and set(r["prefill_attention ms per layer"]) == {"16"}
+    assert all(x > 0 for x in numbers(r["int_linear_n16 ms per layer"]))
+
+
 def quick_gguf_kquant_decode(tmp_path):
     r = run_json("gguf_kquant_decode", tmp_path, "--rows", "1", "--layers", "1")
     assert set(r["ms_per_layer"]["1"]) >= {"Q4_0", "Q4_K", "Q6_K"}

@@ -1,0 +1,122 @@
+"""The C++ CPU kernels of this tree against those of another commit, in one process: both
+modules are built (each named by its sources, so both load side by side) and every op is timed
+on the same inputs, base and this tree alternating, best of --repeats each. On machines whose
+speed moves by 20% from minute to minute, runs in separate processes cannot show a 10% change;
+this can.
+
+Ops: int_linear_n16 over a SmolLM2-135M layer (qkv 960x576, o 576x576, gate_up 3072x576, down
+576x1536; int4, groups of 32, fp16 scales and offsets; 8 layers' weights cycled) at each of
+--rows, and prefill_attention (fp32, causal, 9 query and 3 kv heads of 64 dims, pages of 16) at
+each of --tokens. Ratios are the base's time over this tree's (> 1: this tree is faster).
+
+    python benchmarks/cpu_native_ab.py --base 0c5d4bb [--rows 1,8,16,64,128,256]
+        [--tokens 128,550,1024] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import subprocess
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from edgellm.bench.machine import describe, machine_info
+from edgellm.cpu_isa import select
+from edgellm.kernels import cpu_native
+from edgellm.kernels.reference import pack_int_n16_ref, tile_n16_ref
+
+SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
+CSRC = "edgellm/kernels/csrc/cpu"
+NEVER = 1 << 62
+
+
+def build_at(commit: str, into: Path):
+    """The C++ module of `commit`'s kernel sources, built for this CPU's level."""
+    repo = Path(__file__).resolve().parent.parent
+    blob = subprocess.run(["git", "archive", commit, CSRC], cwd=repo, capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
+        tar.extractall(into, filter="data")
+    isa = select()
+    module, why = cpu_native._build(into / CSRC, [*isa.compile_flags(), *cpu_native.OPENMP])
+    if module is None:
+        raise SystemExit(f"the C++ kernels of {commit} did not build: {why}")
+    return module
+
+
+def side_by_side(mods: dict, call, repeats: int) -> dict[str, float]:
+    """Best time in ms of call(module) per module, the modules alternating."""
+    times: dict[str, list[float]] = {name: [] for name in mods}
+    for _ in range(repeats):
+        for name, mod in mods.items():
+            t0 = time.perf_counter()
+            call(mod)
+            times[name].append((time.perf_counter() - t0) * 1e3)
+    return {name: min(ts) for name, ts in times.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", required=True, help="the commit to compare with")
+    ap.add_argument("--rows", default="1,8,16,64,128,256")
+    ap.add_argument("--tokens", default="128,550,1024")
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--out", default=None, help="write the table as JSON here")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        mods = {"base": build_at(args.base, Path(tmp)), "this": cpu_native.load()}
+    if mods["this"] is None:
+        raise SystemExit("the C++ CPU kernels of this tree are not available on this machine")
+    print(f"{describe(machine_info())}; base {args.base}; ms, best of {args.repeats}, alternating")
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(8):
+        ws = []
+        for n, k in SHAPES:
+            q = torch.randint(0, 16, (n, k))
+            sc, off = (torch.rand(n, k // 32) + 0.1).half(), torch.randn(n, k // 32).half()
+            ws.append((pack_int_n16_ref(q, 4), tile_n16_ref(sc), tile_n16_ref(off), n, k))
+        layers.append(ws)
+    empty = torch.empty(0)
+    table: dict[str, dict] = {"int_linear_n16 ms per layer": {}, "prefill_attention ms per layer": {}}
+    for rows in [int(r) for r in args.rows.split(",")]:
+        xs = {k: torch.randn(rows, k) for k in (576, 1536)}
+
+        def linear(mod, xs=xs):
+            for ws in layers:
+                for q, s, o, n, k in ws:
+                    mod.int_linear_n16(xs[k], q, s, o, 4, 32, empty, n, NEVER)
+
+        t = {name: ms / len(layers) for name, ms in side_by_side(mods, linear, args.repeats).items()}
+        table["int_linear_n16 ms per layer"][rows] = {**t, "ratio": t["base"] / t["this"]}
+        print(f"int_linear_n16, {rows:4d} rows: base {t['base']:.3f}  this {t['this']:.3f}  "
+              f"{t['base'] / t['this']:.2f}x")
+    for tokens in [int(x) for x in args.tokens.split(",")]:
+        pages = -(-tokens // 16)
+        cache = torch.randn(2, pages + 4, 16, 3, 64)
+        table_ = torch.randperm(pages + 4)[:pages].long()
+        q = torch.randn(tokens, 9, 64)
+        t = side_by_side(mods, lambda mod: mod.prefill_attention(q, cache, table_, tokens, 0, 0.125), args.repeats)
+        table["prefill_attention ms per layer"][tokens] = {**t, "ratio": t["base"] / t["this"]}
+        print(f"prefill_attention, {tokens:4d} tokens: base {t['base']:.3f}  this {t['this']:.3f}  "
+              f"{t['base'] / t['this']:.2f}x")
+    if args.out:
+        Path(args.out).write_text(json.dumps({
+            "command": f"python benchmarks/cpu_native_ab.py --base {args.base} --rows {args.rows} "
+                       f"--tokens {args.tokens}",
+            "what": "the C++ kernels of this tree against the base commit's, both loaded in one process, "
+                    f"alternating, best of {args.repeats}; ratio = base time / this tree's time",
+            "machine": {**machine_info(), "isa": select().describe()},
+            "date": time.strftime("%Y-%m-%d"),
+            "base": args.base,
+            **table,
+        }, indent=1))
+
+
+if __name__ == "__main__":
+    main()
