@@ -154,6 +154,23 @@ void wide_rest(const __m512i (&wv)[NT2][8], const __m512 (&sv)[NT2], const QActs
   }
 }
 
+// The end of R rows' sums of one tile: + offset * dsum per group (each group's offsets loaded once
+// for the R rows), + bias, the store of the outputs below N. acc: the first row's 16 sums, rows
+// `stride` floats apart.
+template <int R, typename S>
+inline void wide_finish(const QActs& x, int64_t m0, const float* acc, int64_t stride, const S* offs, int64_t G,
+                        float* y, int64_t ldy, __mmask16 mask, __m512 bv) {
+  __m512 v[R];
+  for (int u = 0; u < R; ++u) v[u] = _mm512_loadu_ps(acc + u * stride);
+  if (offs != nullptr) {
+    for (int64_t g = 0; g < G; ++g) {
+      const __m512 ov = load16(offs + g * N16);
+      for (int u = 0; u < R; ++u) v[u] = _mm512_fmadd_ps(ov, _mm512_set1_ps(x.dsum[(m0 + u) * x.G + g]), v[u]);
+    }
+  }
+  for (int u = 0; u < R; ++u) _mm512_mask_storeu_ps(y + (m0 + u) * ldy, mask, _mm512_add_ps(v[u], bv));
+}
+
 // Outputs of tiles t .. t + NT2 for rows m0 .. m0 + rows (rows <= WIDE_CHUNK, group >= 32).
 template <int BITS, int NT2, typename S>
 void wide_tiles(const N16Weights<S>& w, int64_t t, const QActs& x, int64_t m0, int64_t rows, float* y,
@@ -190,14 +207,11 @@ void wide_tiles(const N16Weights<S>& w, int64_t t, const QActs& x, int64_t m0, i
     const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
     const __m512 bv = bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
     const S* offs = w.offset != nullptr ? w.offset + (t + j) * w.G * N16 : nullptr;
-    for (int64_t m = 0; m < rows; ++m) {
-      __m512 v = _mm512_loadu_ps(acc + (m * NT2 + j) * N16);
-      if (offs != nullptr) {
-        const float* ds = x.dsum + (m0 + m) * x.G;
-        for (int64_t g = 0; g < w.G; ++g) v = _mm512_fmadd_ps(load16(offs + g * N16), _mm512_set1_ps(ds[g]), v);
-      }
-      _mm512_mask_storeu_ps(y + (m0 + m) * w.N + n0, mask, _mm512_add_ps(v, bv));
-    }
+    int64_t m = 0;
+    for (; m + WR <= rows; m += WR) wide_finish<WR>(x, m0 + m, acc + (m * NT2 + j) * N16, NT2 * N16, offs, w.G, y + n0,
+                                                    w.N, mask, bv);
+    for (; m < rows; ++m) wide_finish<1>(x, m0 + m, acc + (m * NT2 + j) * N16, NT2 * N16, offs, w.G, y + n0, w.N,
+                                         mask, bv);
   }
 }
 
