@@ -27,10 +27,10 @@ def tiny_chat(tmp_path_factory):
     return build_tiny_chat_model(tmp_path_factory.mktemp("tiny-chat"))
 
 
-def serve_args(model):
+def serve_args(model, *extra: str):
     return build_parser().parse_args(["serve", "--model", str(model), "--kv-cache-memory", "16M",
                                       "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "4",
-                                      "--served-model-name", "tiny"])
+                                      "--served-model-name", "tiny", *extra])
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:
@@ -47,15 +47,35 @@ def info_labels(url: str) -> dict[str, str]:
     return dict(re.findall(r'(\w+)="([^"]*)"', line))
 
 
+def hold_after_first_output(engine, resume: threading.Event) -> None:
+    """Make the engine's steps wait for `resume` once a step has given outputs, so that a request
+    is still running, holding KV, while the test reads the gauges (a tiny model would otherwise
+    finish it before the scrape)."""
+    inner, given = engine.step, []
+
+    def step():
+        if given:
+            assert resume.wait(60), "the test never resumed the engine"
+        outputs = inner()
+        given.extend(outputs[:1])
+        return outputs
+
+    engine.step = step
+
+
 def test_health_is_503_until_loaded_then_200_and_metrics_are_sane(tiny_chat):
-    args = serve_args(tiny_chat)
+    # the engine in this process, so the test can hold its steps (the gauges of the engine-core
+    # process are read mid-stream in tests/server/test_api.py)
+    args = serve_args(tiny_chat, "--engine-core", "thread")
     spec = select_spec(args)
-    entered, gate = threading.Event(), threading.Event()
+    entered, gate, resume = threading.Event(), threading.Event(), threading.Event()
 
     def slow_build(spec, args):
         entered.set()
         assert gate.wait(120), "the test never released the load"
-        return build_engine(spec, args)
+        engine = build_engine(spec, args)
+        hold_after_first_output(engine.engine, resume)
+        return engine
 
     app, served = serving_app(args, spec, None, build=slow_build)
     try:
@@ -89,7 +109,7 @@ def test_health_is_503_until_loaded_then_200_and_metrics_are_sane(tiny_chat):
                 assert resp.status_code == 200
                 lines = resp.iter_lines()
                 assert next(line for line in lines if line.startswith("data: "))
-                live = scrape(srv.url)
+                live = scrape(srv.url)  # the engine is held after its first output
                 assert live["vllm:num_requests_running"] == 1
                 assert live["vllm:num_requests_waiting"] == 0
                 held = served.engine.stats()["kv_blocks_held"]
@@ -97,6 +117,7 @@ def test_health_is_503_until_loaded_then_200_and_metrics_are_sane(tiny_chat):
                 total = served.engine.stats()["kv_blocks_total"]
                 assert 0 < live["vllm:kv_cache_usage_perc"] <= 1
                 assert abs(live["vllm:kv_cache_usage_perc"] - held / total) < 1.0 / total + 1e-9
+                resume.set()
                 for _ in lines:
                     pass
             for _ in range(3):  # the same prompt again: prefix-cache hits
@@ -114,6 +135,7 @@ def test_health_is_503_until_loaded_then_200_and_metrics_are_sane(tiny_chat):
             assert info["enable_prefix_caching"] == "True" and info["cache_dtype"] == "auto"
     finally:
         gate.set()
+        resume.set()
         if served.engine is not None:
             served.engine.shutdown()
 
