@@ -28,6 +28,7 @@ from typing import Protocol
 
 import torch
 
+from edgellm.argmax import row_argmax
 from edgellm.structured.spec import StructuredOutputs
 
 _MAX_LOGPROBS = 20
@@ -272,7 +273,7 @@ class Sampler:
                     work[i, banned] = float("-inf")
                     if i in constrained and not bool(torch.isfinite(work[i]).any()):
                         work[i, banned] = kept  # the grammar allows only the end here
-        tokens = torch.argmax(work, dim=-1)
+        tokens = row_argmax(work)
         for i, row in enumerate(rows):
             p = row.params
             if p.greedy:

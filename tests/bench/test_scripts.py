@@ -89,6 +89,12 @@ def quick_profile_decode(tmp_path):
     assert r["rows"] and r["rows"][0]["tok_s"] > 0
 
 
+def quick_row_argmax(tmp_path):
+    r = run_json("row_argmax", tmp_path, "--rows", "2", "--vocab", "5000", "--repeats", "1")
+    assert [(x["rows"], x["vocab"]) for x in r["results"]] == [(2, 5000)]
+    assert r["results"][0]["torch_argmax_ms"] > 0 and r["results"][0]["row_argmax_ms"] > 0
+
+
 def quick_structured_outputs(tmp_path):
     r = run_json("structured_outputs", tmp_path, "--tokens", "4", "--repeats", "1")
     assert r["decode"]["1_streams"]["json_schema"]["tokens_per_s_median"] > 0
@@ -193,7 +199,8 @@ def quick_hf_baseline_server(tmp_path):
 
 
 QUICK = {name[len("quick_"):]: fn for name, fn in dict(globals()).items() if name.startswith("quick_")}
-FAST = {"cpu_int_dot", "gguf_kquant_decode", "kv_capacity", "prefix_attention", "profile_decode"}  # the rest: over ~30 s each
+FAST = {"cpu_int_dot", "gguf_kquant_decode", "kv_capacity", "prefix_attention", "profile_decode",
+        "row_argmax"}  # the rest: over ~30 s each
 
 
 def test_every_script_has_a_quick_mode():
