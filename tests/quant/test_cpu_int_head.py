@@ -150,3 +150,18 @@ def test_matmul_warm_up_takes_a_model_with_the_int8_head(native):
     model = torch.nn.Module()
     model.fast_logits = _head(_weight(torch.Generator().manual_seed(5)), native)
     assert warm_matmul_shapes(model, 64, 8) == 0
+
+
+def test_a_row_alone_and_in_a_batch_give_the_same_logits(native):
+    """A batch of rows at least as many as the threads finishes each row on one thread, a single
+    row over all of them: the same window, candidates and fp32 rechecks, so the same values."""
+    g = torch.Generator().manual_seed(11)
+    w = _weight(g)
+    head = _head(w, native)
+    x = torch.randn(9, K, generator=g) * 2
+    allowed = torch.rand(9, V, generator=g) < 0.7
+    batch, masked = head(x), head.masked(x, _bitmask(allowed))
+    for i in range(9):
+        assert torch.equal(head(x[i:i + 1])[0], batch[i])
+        assert torch.equal(head.masked(x[i:i + 1], _bitmask(allowed[i:i + 1]))[0], masked[i])
+    assert torch.equal(batch.argmax(-1), F.linear(x, w).argmax(-1))

@@ -1,6 +1,7 @@
 // The integer-dot logits head in one call (the contract: logits_head.h). A decode step's head is
 // a 28 MB int8 GEMV for SmolLM2; done as torch ops around it, the window and the candidates cost
-// another ~1 ms (a dozen passes over the 49152 logits, each forking the threads), here one pass.
+// another ~1 ms (a dozen passes over the 49152 logits, each forking the threads), here one pass
+// per row (the rows over the threads when there are at least as many rows as threads).
 #include "logits_head.h"
 
 #include <ATen/Parallel.h>
@@ -18,6 +19,70 @@
 #include "vec.h"
 
 namespace edgellm::cpu {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// A stretch of one row: its max and min (the bound's fp32 noise term) and, with a bitmask, the
+// maximum over the allowed tokens, the disallowed ones set to -inf. A NaN never becomes the max.
+struct Extremes {
+  float hi = kNegInf, lo = -kNegInf, mhi = kNegInf;
+  void merge(const Extremes& o) {
+    hi = std::max(hi, o.hi), lo = std::min(lo, o.lo), mhi = std::max(mhi, o.mhi);
+  }
+};
+
+Extremes scan(float* ym, int64_t v0, int64_t v1, const int32_t* bm) {
+  Extremes e;
+  int64_t v = v0;
+  if (bm == nullptr) {
+#if defined(EDGELLM_V16)
+    V16 h = v16_set1(kNegInf), l = v16_set1(-kNegInf);
+    for (; v + 16 <= v1; v += 16) {  // max(y, acc): a NaN y leaves acc, as std::max(acc, y) does
+      const V16 y = v16_load(ym + v);
+      h = v16_max(y, h);
+      l = v16_min(y, l);
+    }
+    e.hi = v16_hmax(h);
+    e.lo = -v16_hmax(v16_sub(v16_zero(), l));
+#endif
+    for (; v < v1; ++v) e.hi = std::max(e.hi, ym[v]), e.lo = std::min(e.lo, ym[v]);
+    e.mhi = e.hi;
+    return e;
+  }
+  for (; v < v1; ++v) {
+    e.hi = std::max(e.hi, ym[v]);
+    e.lo = std::min(e.lo, ym[v]);
+    if (((static_cast<uint32_t>(bm[v >> 5]) >> (v & 31)) & 1u) != 0) e.mhi = std::max(e.mhi, ym[v]);
+    else ym[v] = kNegInf;
+  }
+  return e;
+}
+
+// The tokens with ym[v] >= floor, in order (-inf, disallowed, is below any finite floor).
+void candidates(const float* ym, int64_t V, float floor, std::vector<int64_t>& out) {
+  int64_t v = 0;
+#if defined(EDGELLM_V16)
+  for (; v + 64 <= V; v += 64) {  // skip 64 at a time: candidates are few
+    const V16 top = v16_max(v16_max(v16_load(ym + v), v16_load(ym + v + 16)),
+                            v16_max(v16_load(ym + v + 32), v16_load(ym + v + 48)));
+    if (v16_hmax(top) < floor) continue;
+    for (int64_t u = v; u < v + 64; ++u)
+      if (ym[u] >= floor) out.push_back(u);
+  }
+#endif
+  for (; v < V; ++v)
+    if (ym[v] >= floor) out.push_back(v);
+}
+
+// f(0, n) on this thread, or at::parallel_for(0, n, grain, f) over the threads when `threads`.
+template <typename F>
+void maybe_parallel(bool threads, int64_t n, int64_t grain, const F& f) {
+  if (threads) at::parallel_for(0, n, grain, f);
+  else f(0, n);
+}
+
+}  // namespace
 
 at::Tensor int8_argmax_logits(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
                               const at::Tensor& weight, double w_ms, double err_ms, double sigmas,
@@ -47,53 +112,49 @@ at::Tensor int8_argmax_logits(const at::Tensor& x, const at::Tensor& codes, cons
   float* y = logits.data_ptr<float>();
   const int32_t* bits = masked ? allowed.data_ptr<int32_t>() : nullptr;
   const int64_t nth = std::max<int64_t>(1, at::get_num_threads());
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  for (int64_t m = 0; m < M; ++m) {
+  // Row m after its int8 products: the window around its (masked) maximum and the fp32 recheck
+  // of the tokens in it. `threads`: the row's passes go over the threads (few rows), else the
+  // whole row runs on the calling thread (the rows go over the threads). Either way the same
+  // values: max and min do not depend on the order, and each candidate is one dot.
+  auto finish_row = [&](int64_t m, bool threads) {
     float* ym = y + m * V;
     const float* xm = xp + m * K;
     const int32_t* bm = masked ? bits + m * W : nullptr;
-    auto ok = [bm](int64_t v) { return ((static_cast<uint32_t>(bm[v >> 5]) >> (v & 31)) & 1u) != 0; };
-    // the row's max and min (unmasked: the bound's fp32 noise term), and the masked maximum with
-    // the disallowed logits set to -inf, over the threads; chunks are whole bitmask words
-    std::vector<float> hi(nth, kNegInf), lo(nth, -kNegInf), mhi(nth, kNegInf);
-    at::parallel_for(0, W, 128, [&](int64_t w0, int64_t w1) {
-      const int64_t t = at::get_thread_num();
-      float h = hi[t], l = lo[t], mh = mhi[t];
-      for (int64_t v = w0 * 32, end = std::min(V, w1 * 32); v < end; ++v) {
-        h = std::max(h, ym[v]);
-        l = std::min(l, ym[v]);
-        if (masked) {
-          if (ok(v)) mh = std::max(mh, ym[v]);
-          else ym[v] = kNegInf;
-        }
-      }
-      hi[t] = h, lo[t] = l, mhi[t] = mh;
+    // chunks are whole bitmask words
+    std::vector<Extremes> part(threads ? nth : 1);
+    maybe_parallel(threads, W, 128, [&](int64_t w0, int64_t w1) {
+      part[threads ? at::get_thread_num() : 0].merge(scan(ym, w0 * 32, std::min(V, w1 * 32), bm));
     });
-    const float top = *std::max_element(hi.begin(), hi.end());
-    const float bottom = *std::min_element(lo.begin(), lo.end());
-    const float mtop = masked ? *std::max_element(mhi.begin(), mhi.end()) : top;
-    if (mtop == kNegInf) continue;  // nothing allowed: the row stays -inf
+    Extremes e;
+    for (const Extremes& p : part) e.merge(p);
+    if (e.mhi == kNegInf) return;  // nothing allowed: the row stays -inf
     double xx = 0.0, ee = 0.0;
     for (int64_t k = 0; k < K; ++k) {
-      const double e = xm[k] - static_cast<double>(a[m * K + k]) * d[m * (K / 32) + k / 32];
+      const double err = xm[k] - static_cast<double>(a[m * K + k]) * d[m * (K / 32) + k / 32];
       xx += static_cast<double>(xm[k]) * xm[k];
-      ee += e * e;
+      ee += err * err;
     }
     const float bound = static_cast<float>(sigmas * std::sqrt(xx * err_ms + ee * w_ms)) +
-                        std::max(top, -bottom) * 1e-5f;
-    const float floor = mtop - 2 * bound;
+                        std::max(e.hi, -e.lo) * 1e-5f;
     std::vector<int64_t> cand;
-    for (int64_t v = 0; v < V; ++v)
-      if (ym[v] >= floor) cand.push_back(v);  // -inf (disallowed) is below any finite floor
+    candidates(ym, V, e.mhi - 2 * bound, cand);
     if (static_cast<int64_t>(cand.size()) > max_candidates) {
       const at::Tensor row = at::linear(x.narrow(0, m, 1), weight);
       const float* r = row.data_ptr<float>();
-      for (int64_t v = 0; v < V; ++v) ym[v] = (!masked || ok(v)) ? r[v] : kNegInf;
-      continue;
+      for (int64_t v = 0; v < V; ++v)
+        ym[v] = (bm == nullptr || ((static_cast<uint32_t>(bm[v >> 5]) >> (v & 31)) & 1u) != 0) ? r[v] : kNegInf;
+      return;
     }
-    at::parallel_for(0, static_cast<int64_t>(cand.size()), 64, [&](int64_t c0, int64_t c1) {
+    maybe_parallel(threads, static_cast<int64_t>(cand.size()), 64, [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; ++c) ym[cand[c]] = dot(xm, wp + cand[c] * K, K);
     });
+  };
+  if (M >= nth && nth > 1) {
+    at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
+      for (int64_t m = m0; m < m1; ++m) finish_row(m, false);
+    });
+  } else {
+    for (int64_t m = 0; m < M; ++m) finish_row(m, true);
   }
   return logits;
 }
