@@ -7,10 +7,12 @@ this can.
 Ops: int_linear_n16 over a SmolLM2-135M layer (qkv 960x576, o 576x576, gate_up 3072x576, down
 576x1536; int4, groups of 32, fp16 scales and offsets; 8 layers' weights cycled) at each of
 --rows, and prefill_attention (fp32, causal, 9 query and 3 kv heads of 64 dims, pages of 16) at
-each of --tokens. Ratios are the base's time over this tree's (> 1: this tree is faster).
+each of --tokens, and with --head VxK the int8 logits head's product (int_linear_n16, bits 8, one
+scale per vocabulary row: IntDotLogitsHead's codes) at each of --head-rows. Ratios are the base's
+time over this tree's (> 1: this tree is faster).
 
     python benchmarks/cpu_native_ab.py --base 0c5d4bb [--rows 1,8,16,64,128,256]
-        [--tokens 128,550,1024] [--out FILE]
+        [--tokens 128,550,1024] [--head 262144x640 --head-rows 1,16] [--out FILE]
 """
 
 from __future__ import annotations
@@ -60,11 +62,30 @@ def side_by_side(mods: dict, call, repeats: int) -> dict[str, float]:
     return {name: min(ts) for name, ts in times.items()}
 
 
+def head_ab(mods: dict, shape: str, rows: str, repeats: int) -> dict:
+    """The int8 head [V, K] (codes + 128 in the n16 layout, one fp32 scale per row) at each row
+    count, both modules alternating."""
+    vocab, k = (int(v) for v in shape.lower().split("x"))
+    codes = pack_int_n16_ref(torch.randint(-127, 128, (vocab, k), dtype=torch.int8), 8)
+    scale = tile_n16_ref(torch.rand(vocab, 1) * 0.01)
+    empty, out = torch.empty(0), {}
+    for m in [int(r) for r in rows.split(",")]:
+        x = torch.randn(m, k)
+        t = side_by_side(mods, lambda mod, x=x: mod.int_linear_n16(x, codes, scale, empty, 8, k, empty, vocab,
+                                                                   NEVER), repeats)
+        out[m] = {**t, "ratio": t["base"] / t["this"], "this_gmac_s": m * vocab * k / t["this"] / 1e6}
+        print(f"int8 head {vocab}x{k}, {m:4d} rows: base {t['base']:.3f}  this {t['this']:.3f}  "
+              f"{t['base'] / t['this']:.2f}x  ({out[m]['this_gmac_s']:.0f} GMAC/s)")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", required=True, help="the commit to compare with")
     ap.add_argument("--rows", default="1,8,16,64,128,256")
     ap.add_argument("--tokens", default="128,550,1024")
+    ap.add_argument("--head", default="", help="VxK: also time an int8 logits head of that shape")
+    ap.add_argument("--head-rows", default="1,16")
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--out", default=None, help="write the table as JSON here")
     args = ap.parse_args()
@@ -105,10 +126,13 @@ def main() -> None:
         table["prefill_attention ms per layer"][tokens] = {**t, "ratio": t["base"] / t["this"]}
         print(f"prefill_attention, {tokens:4d} tokens: base {t['base']:.3f}  this {t['this']:.3f}  "
               f"{t['base'] / t['this']:.2f}x")
+    if args.head:
+        table["int8 head ms"] = head_ab(mods, args.head, args.head_rows, args.repeats)
     if args.out:
         Path(args.out).write_text(json.dumps({
             "command": f"python benchmarks/cpu_native_ab.py --base {args.base} --rows {args.rows} "
-                       f"--tokens {args.tokens}",
+                       f"--tokens {args.tokens}" + (f" --head {args.head} --head-rows {args.head_rows}"
+                                                    if args.head else ""),
             "what": "the C++ kernels of this tree against the base commit's, both loaded in one process, "
                     f"alternating, best of {args.repeats}; ratio = base time / this tree's time",
             "machine": {**machine_info(), "isa": select().describe()},
