@@ -30,7 +30,12 @@ from typing import Any
 from edgellm.config import EngineConfig
 from edgellm.engine.engine import LLMEngine
 from edgellm.engine.guarded import abort_or_fail, add_or_fail, step_or_fail
-from edgellm.engine.upkeep import TRIM_AFTER_IDLE_S, release_memory, warm_matmuls
+from edgellm.engine.upkeep import (
+    TRIM_AFTER_IDLE_S,
+    freeze_startup_heap,
+    release_memory,
+    warm_matmuls,
+)
 from edgellm.structured.spec import StructuredOutputError
 from edgellm.tokenizer import Tokenizer
 
@@ -96,6 +101,7 @@ def run_core(config: EngineConfig, conn: Connection, log_level: int) -> None:
         engine.cache_info(),
         engine.stats(),
     )
+    freeze_startup_heap()
     conn.send(("ready", facts))
     CoreLoop(engine, conn).run()
 

@@ -183,12 +183,14 @@ def serving_app(
     api_key: str | None,
     build: Callable[[ModelSpec, argparse.Namespace], Any] = build_engine,
     on_load_failure: Callable[[BaseException], None] | None = None,
+    after_load: Callable[[], Any] | None = None,
 ) -> tuple[Any, Any]:
     """The app `edgellm serve` runs and its ServedModel, whose engine is not built yet.
 
     The app answers at once; its lifespan starts the load in the background: `build(spec, args)` on
     a thread of its own (the AsyncEngine then loads the model on the engine thread), then the
-    warm-up. /health answers 503 until both are done, then 200 (server/readiness.py)."""
+    warm-up, then `after_load()` (`edgellm serve`: freeze_startup_heap). /health answers 503
+    until all are done, then 200 (server/readiness.py)."""
     from edgellm.server.app import ServerSettings, create_app
     from edgellm.server.readiness import Readiness, in_thread
     from edgellm.server.served_model import ServedModel
@@ -216,6 +218,8 @@ def serving_app(
         logger.info("tool calls parsed as %s (%s)", choose_parser(configured, template), chosen_by)
         served.engine = engine
         await warm_up(engine, spec)
+        if after_load is not None:
+            after_load()
 
     settings = ServerSettings(
         api_key=api_key,
@@ -225,6 +229,14 @@ def serving_app(
     )
     app = create_app([served], settings, readiness=Readiness(load, on_load_failure))
     return app, served
+
+
+def _freeze_startup_heap() -> None:
+    from edgellm.engine.upkeep import freeze_startup_heap
+
+    logger.info(
+        "start-up heap frozen (%d objects out of the collector's reach)", freeze_startup_heap()
+    )
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -247,7 +259,9 @@ def serve(args: argparse.Namespace) -> int:
         if server is not None:
             server.should_exit = True
 
-    app, served = serving_app(args, spec, api_key, on_load_failure=stop)
+    app, served = serving_app(
+        args, spec, api_key, on_load_failure=stop, after_load=_freeze_startup_heap
+    )
     server = uvicorn.Server(uvicorn_config(app, args))
     try:
         server.run()

@@ -90,6 +90,13 @@ def quick_profile_decode(tmp_path):
     assert r["rows"] and r["rows"][0]["tok_s"] > 0
 
 
+def quick_gc_pauses(tmp_path):
+    r = run_json("gc_pauses", tmp_path, "--prompts", "2", "--concurrency", "1", "--rounds", "1")
+    assert r["tracked_objects"] > 0 and r["frozen_objects"] > 0
+    assert r["full_collection_ms"]["frozen"] < r["full_collection_ms"]["unfrozen"]
+    assert len(r["runs"]["unfrozen"]) == len(r["runs"]["frozen"]) == 1
+
+
 def quick_row_argmax(tmp_path):
     r = run_json("row_argmax", tmp_path, "--rows", "2", "--vocab", "5000", "--repeats", "1")
     assert [(x["rows"], x["vocab"]) for x in r["results"]] == [(2, 5000)]

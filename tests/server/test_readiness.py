@@ -77,7 +77,9 @@ def test_health_is_503_until_loaded_then_200_and_metrics_are_sane(tiny_chat):
         hold_after_first_output(engine.engine, resume)
         return engine
 
-    app, served = serving_app(args, spec, None, build=slow_build)
+    loaded: list[bool] = []  # after_load: called once, after the load and the warm-up
+    app, served = serving_app(args, spec, None, build=slow_build,
+                              after_load=lambda: loaded.append(served.engine is not None))
     try:
         with ThreadServer(app) as srv:
             assert entered.wait(30), "the load did not start with the server"
@@ -93,11 +95,12 @@ def test_health_is_503_until_loaded_then_200_and_metrics_are_sane(tiny_chat):
                 assert int(r.headers["retry-after"]) > 0
             m = httpx.get(srv.url + "/metrics")
             assert m.status_code == 200 and "vllm:num_requests_running{" not in m.text
-            assert served.engine is None
+            assert served.engine is None and not loaded
 
             gate.set()
             wait_for(lambda: httpx.get(srv.url + "/health").status_code == 200, 180, "/health 200")
             assert httpx.get(srv.url + "/health").json() == {"status": "ok"}
+            assert loaded == [True]
             cards = httpx.get(srv.url + "/v1/models").json()["data"]
             assert [(c["id"], c["max_model_len"]) for c in cards] == [("tiny", MAX_MODEL_LEN)]
             assert httpx.get(srv.url + "/v1/models/tiny").json()["max_model_len"] == MAX_MODEL_LEN
