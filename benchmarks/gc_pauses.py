@@ -68,25 +68,17 @@ def bench(url: str, concurrency: int, prompts: int) -> dict:
     """`edgellm bench` against url: its TTFT / ITL summary."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
-        cmd = [
-            sys.executable,
-            "-m",
-            "edgellm.cli",
-            "bench",
-            "--base-url",
-            url,
-            "--num-prompts",
-            str(prompts),
-            "--max-concurrency",
-            str(concurrency),
-            "--input-len",
-            "128",
-            "--output-len",
-            "64",
-            "--no-progress",
-            "--json",
-            str(out),
-        ]
+        flags = {
+            "--base-url": url,
+            "--num-prompts": prompts,
+            "--max-concurrency": concurrency,
+            "--input-len": 128,
+            "--output-len": 64,
+            "--json": out,
+        }
+        cmd = [sys.executable, "-m", "edgellm.cli", "bench", "--no-progress"]
+        for flag, value in flags.items():
+            cmd += [flag, str(value)]
         subprocess.run(cmd, check=True, capture_output=True, timeout=1800)
         return json.loads(out.read_text())
 
