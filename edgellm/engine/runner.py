@@ -231,9 +231,9 @@ class ModelRunner:
                 sample_seqs.append(seq)
             row += count
         if sample_seqs:
-            # every row samples (a decode step): the logits as they are, not a copy of [B, V]
-            whole = sample_rows == list(range(logits.shape[0]))
-            rows = logits if whole else logits[sample_rows]
+            # every row samples (a decode step; sample_rows rise, so equal length means all rows):
+            # the logits as they are, not a copy of [B, V]
+            rows = logits if len(sample_rows) == logits.shape[0] else logits[sample_rows]
             # prompt_logits mode hands the raw logits back, whatever they hold
             bad = [i for i in nonfinite_rows(rows) if not sample_seqs[i].want_prompt_logits]
             if bad:

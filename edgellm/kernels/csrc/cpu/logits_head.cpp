@@ -23,6 +23,11 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// Whether token v is allowed by the row's bitmask words bm (xgrammar's layout).
+inline bool allowed_bit(const int32_t* bm, int64_t v) {
+  return ((static_cast<uint32_t>(bm[v >> 5]) >> (v & 31)) & 1u) != 0;
+}
+
 // A stretch of one row: its max and min (the bound's fp32 noise term) and, with a bitmask, the
 // maximum over the allowed tokens, the disallowed ones set to -inf. A NaN never becomes the max.
 struct Extremes {
@@ -53,7 +58,7 @@ Extremes scan(float* ym, int64_t v0, int64_t v1, const int32_t* bm) {
   for (; v < v1; ++v) {
     e.hi = std::max(e.hi, ym[v]);
     e.lo = std::min(e.lo, ym[v]);
-    if (((static_cast<uint32_t>(bm[v >> 5]) >> (v & 31)) & 1u) != 0) e.mhi = std::max(e.mhi, ym[v]);
+    if (allowed_bit(bm, v)) e.mhi = std::max(e.mhi, ym[v]);
     else ym[v] = kNegInf;
   }
   return e;
@@ -73,13 +78,6 @@ void candidates(const float* ym, int64_t V, float floor, std::vector<int64_t>& o
 #endif
   for (; v < V; ++v)
     if (ym[v] >= floor) out.push_back(v);
-}
-
-// f(0, n) on this thread, or at::parallel_for(0, n, grain, f) over the threads when `threads`.
-template <typename F>
-void maybe_parallel(bool threads, int64_t n, int64_t grain, const F& f) {
-  if (threads) at::parallel_for(0, n, grain, f);
-  else f(0, n);
 }
 
 }  // namespace
@@ -120,13 +118,16 @@ at::Tensor int8_argmax_logits(const at::Tensor& x, const at::Tensor& codes, cons
     float* ym = y + m * V;
     const float* xm = xp + m * K;
     const int32_t* bm = masked ? bits + m * W : nullptr;
-    // chunks are whole bitmask words
-    std::vector<Extremes> part(threads ? nth : 1);
-    maybe_parallel(threads, W, 128, [&](int64_t w0, int64_t w1) {
-      part[threads ? at::get_thread_num() : 0].merge(scan(ym, w0 * 32, std::min(V, w1 * 32), bm));
-    });
     Extremes e;
-    for (const Extremes& p : part) e.merge(p);
+    if (threads) {  // chunks are whole bitmask words
+      std::vector<Extremes> part(nth);
+      at::parallel_for(0, W, 128, [&](int64_t w0, int64_t w1) {
+        part[at::get_thread_num()].merge(scan(ym, w0 * 32, std::min(V, w1 * 32), bm));
+      });
+      for (const Extremes& p : part) e.merge(p);
+    } else {
+      e = scan(ym, 0, V, bm);
+    }
     if (e.mhi == kNegInf) return;  // nothing allowed: the row stays -inf
     double xx = 0.0, ee = 0.0;
     for (int64_t k = 0; k < K; ++k) {
@@ -142,14 +143,17 @@ at::Tensor int8_argmax_logits(const at::Tensor& x, const at::Tensor& codes, cons
       const at::Tensor row = at::linear(x.narrow(0, m, 1), weight);
       const float* r = row.data_ptr<float>();
       for (int64_t v = 0; v < V; ++v)
-        ym[v] = (bm == nullptr || ((static_cast<uint32_t>(bm[v >> 5]) >> (v & 31)) & 1u) != 0) ? r[v] : kNegInf;
+        ym[v] = (bm == nullptr || allowed_bit(bm, v)) ? r[v] : kNegInf;
       return;
     }
-    maybe_parallel(threads, static_cast<int64_t>(cand.size()), 64, [&](int64_t c0, int64_t c1) {
+    auto recheck = [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; ++c) ym[cand[c]] = dot(xm, wp + cand[c] * K, K);
-    });
+    };
+    const int64_t n = static_cast<int64_t>(cand.size());
+    if (threads) at::parallel_for(0, n, 64, recheck);
+    else recheck(0, n);
   };
-  if (M >= nth && nth > 1) {
+  if (M >= nth) {  // (one thread: the rows in turn, no region per pass)
     at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
       for (int64_t m = m0; m < m1; ++m) finish_row(m, false);
     });

@@ -35,6 +35,21 @@ inline __m512i bcast4(const int8_t* p) {  // 4 activation bytes to every lane
   return _mm512_set1_epi32(v);
 }
 
+// The end of R rows' fp32 sums v of one tile (both loop orders): + offset * dsum per group (each
+// group's offsets loaded once for the R rows), + bias, the store of the outputs below N. y: the
+// tile's first column of row m0, rows ldy apart.
+template <int R, typename S>
+inline void finish_rows(const QActs& x, int64_t m0, __m512 (&v)[R], const S* offs, int64_t G, float* y, int64_t ldy,
+                        __mmask16 mask, __m512 bv) {
+  if (offs != nullptr) {
+    for (int64_t g = 0; g < G; ++g) {
+      const __m512 ov = load16(offs + g * N16);
+      for (int u = 0; u < R; ++u) v[u] = _mm512_fmadd_ps(ov, _mm512_set1_ps(x.dsum[(m0 + u) * x.G + g]), v[u]);
+    }
+  }
+  for (int u = 0; u < R; ++u) _mm512_mask_storeu_ps(y + (m0 + u) * ldy, mask, _mm512_add_ps(v[u], bv));
+}
+
 // Outputs of tile t for activation rows m0 .. m0 + MR.
 template <int BITS, int MR, typename S>
 void vnni_rows(const N16Weights<S>& w, int64_t t, const QActs& x, int64_t m0, float* y, int64_t ldy,
@@ -92,17 +107,10 @@ void vnni_rows(const N16Weights<S>& w, int64_t t, const QActs& x, int64_t m0, fl
       acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(sv, _mm512_set1_ps(xd[m][b])), acc[m]);
     }
   }
-  if (w.offset != nullptr) {
-    const S* offs = w.offset + t * w.G * N16;
-    for (int64_t g = 0; g < w.G; ++g) {
-      const __m512 ov = load16(offs + g * N16);
-      for (int m = 0; m < MR; ++m) acc[m] = _mm512_fmadd_ps(ov, _mm512_set1_ps(x.dsum[(m0 + m) * x.G + g]), acc[m]);
-    }
-  }
   const int64_t n0 = t * N16, valid = std::min<int64_t>(N16, w.N - n0);
   const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
   const __m512 bv = bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
-  for (int m = 0; m < MR; ++m) _mm512_mask_storeu_ps(y + (m0 + m) * ldy + n0, mask, _mm512_add_ps(acc[m], bv));
+  finish_rows<MR>(x, m0, acc, w.offset != nullptr ? w.offset + t * w.G * N16 : nullptr, w.G, y + n0, ldy, mask, bv);
 }
 
 constexpr int MR = 8;  // activation rows sharing one pass over a tile's loaded codes
@@ -154,21 +162,13 @@ void wide_rest(const __m512i (&wv)[NT2][8], const __m512 (&sv)[NT2], const QActs
   }
 }
 
-// The end of R rows' sums of one tile: + offset * dsum per group (each group's offsets loaded once
-// for the R rows), + bias, the store of the outputs below N. acc: the first row's 16 sums, rows
-// `stride` floats apart.
+// finish_rows for R rows of the L1 buffer: acc, the first row's 16 sums, rows `stride` floats apart.
 template <int R, typename S>
 inline void wide_finish(const QActs& x, int64_t m0, const float* acc, int64_t stride, const S* offs, int64_t G,
                         float* y, int64_t ldy, __mmask16 mask, __m512 bv) {
   __m512 v[R];
   for (int u = 0; u < R; ++u) v[u] = _mm512_loadu_ps(acc + u * stride);
-  if (offs != nullptr) {
-    for (int64_t g = 0; g < G; ++g) {
-      const __m512 ov = load16(offs + g * N16);
-      for (int u = 0; u < R; ++u) v[u] = _mm512_fmadd_ps(ov, _mm512_set1_ps(x.dsum[(m0 + u) * x.G + g]), v[u]);
-    }
-  }
-  for (int u = 0; u < R; ++u) _mm512_mask_storeu_ps(y + (m0 + u) * ldy, mask, _mm512_add_ps(v[u], bv));
+  finish_rows<R>(x, m0, v, offs, G, y, ldy, mask, bv);
 }
 
 // Outputs of tiles t .. t + NT2 for rows m0 .. m0 + rows (rows <= WIDE_CHUNK, group >= 32).
