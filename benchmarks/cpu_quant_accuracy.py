@@ -1,13 +1,16 @@
 """What the CPU modes cost in accuracy on the embedded default model: teacher-forced top-1
 agreement with the exact path and perplexity, over the project's own docs as text.
 
-Every mode reads the same token chunks; logits come from `LLM.prompt_logits` (fp32). "auto" runs
-as the engine calibrated it on this CPU (large steps may take the exact dense matmul); "auto,
-integer dots forced" runs the int-dot kernels at every size, which is what every decode step
-does, so its numbers are the int8 activation rounding's full cost. Writes
-benchmarks/results/cpu_quant_accuracy.json.
+Every mode reads the same token chunks; logits come from `LLM.prompt_logits` (fp32), prefilled
+in pieces of --step-tokens so that each piece reads the earlier ones' K/V from the cache's pages
+as decode does. "auto" runs as the engine calibrated it on this CPU (large steps may take the
+exact dense matmul) with its default fp16 KV cache; "auto, fp32 KV cache" the same with fp32
+pages, and "exact, fp16 KV cache" the exact path with fp16 pages (the fp16 rounding's cost
+alone); "auto, integer dots forced" runs the int-dot
+kernels at every size, which is what every decode step does, so its numbers are the int8
+activation rounding's full cost. Writes benchmarks/results/cpu_quant_accuracy.json.
 
-    python benchmarks/cpu_quant_accuracy.py [--chunks 8] [--chunk-tokens 256] [--fast]
+    python benchmarks/cpu_quant_accuracy.py [--chunks 8] [--chunk-tokens 256] [--step-tokens 64] [--fast]
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 from edgellm import LLM
 from edgellm.bench.machine import machine_info
 from edgellm.cpu_isa import select
+from edgellm.quant.linear_kernels.cpu_int import int_dot_kernels
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXTS = [ROOT / "README.md", ROOT / "docs" / "ARCHITECTURE.md"]
@@ -57,19 +61,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--chunks", type=int, default=8)
     ap.add_argument("--chunk-tokens", type=int, default=256)
+    ap.add_argument("--step-tokens", type=int, default=64, help="prefill piece (max_num_batched_tokens)")
     ap.add_argument("--fast", action="store_true", help="also the fast mode (bf16; slow without bf16 units)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cpu_quant_accuracy.json"))
     args = ap.parse_args()
-    kw = {"kv_cache_memory": 64 << 20, "max_model_len": args.chunk_tokens + 16, "enable_prefix_caching": False}
+    kw = {"kv_cache_memory": 64 << 20, "max_model_len": args.chunk_tokens + 16, "enable_prefix_caching": False,
+          "max_num_batched_tokens": args.step_tokens}
     exact = LLM(cpu_quant="exact", **kw)
     data = chunks(exact, args.chunks, args.chunk_tokens)
     ref = logits_of(exact, data)
     rows = {"exact": stats(ref, data, ref)}
     del exact
+    rows["exact, fp16 KV cache"] = stats(logits_of(LLM(cpu_quant="exact", kv_cache_dtype="fp16", **kw), data), data, ref)
+    rows["auto, fp32 KV cache"] = stats(logits_of(LLM(cpu_quant="auto", kv_cache_dtype="fp32", **kw), data), data, ref)
     auto = LLM(cpu_quant="auto", **kw)
-    kernels = [m.kernel for m in auto.engine.model.modules() if type(getattr(m, "kernel", None)).__name__ == "CpuIntDotKernel"]
+    kv_dtype = str(auto.engine.model.attention_layers()[0].kv_cache.dtype).replace("torch.", "")
+    kernels = int_dot_kernels(auto.engine.model)
     rows["auto"] = stats(logits_of(auto, data), data, ref)
     rows["auto"]["int_dot_max_rows"] = min((k.max_rows for k in kernels), default=None)
+    rows["auto"]["kv_cache_dtype"] = kv_dtype
     for k in kernels:
         k.max_rows = 1 << 62
     rows["auto, integer dots forced"] = stats(logits_of(auto, data), data, ref)
@@ -81,6 +91,7 @@ def main() -> None:
               f"  max |logit diff| {r['max_logit_diff']:.3f}")
     out = {"machine": {**machine_info(), "isa": select().describe()},
            "date": time.strftime("%Y-%m-%d %H:%M"), "tokens": sum(len(c) for c in data),
+           "step_tokens": args.step_tokens,
            "text": [str(p.relative_to(ROOT)) for p in TEXTS], "modes": rows}
     Path(args.out).write_text(json.dumps(out, indent=2))
 

@@ -4,6 +4,7 @@ forward pass.
 
     python benchmarks/profile_decode.py                       # default model, batch 1 and 16
     python benchmarks/profile_decode.py --batch 1,4,16 --cpu-quant fast --ops
+    python benchmarks/profile_decode.py --prompt-len 300 --kv-cache-dtype fp32   # vs the fp16 default
 
 Prints a table of milliseconds per step by phase, the decode tokens/s each batch size reaches, and
 (with --ops) the top operators by self CPU time. Writes benchmarks/results/profile_decode.json.
@@ -74,6 +75,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--cpu-quant", choices=["auto", "exact", "fast"], default=None)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--kv-cache-dtype", default="auto", help="auto | fp32 | fp16 | fp8 (EngineConfig's)")
     ap.add_argument("--ops", action="store_true", help="torch profiler operator table per batch size")
     ap.add_argument("--out", default=str(RESULTS / "profile_decode.json"))
     args = ap.parse_args()
@@ -81,7 +83,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.cpu_quant:
         os.environ["EDGELLM_CPU_QUANT"] = args.cpu_quant
-    cfg = EngineConfig(model=args.model, max_num_seqs=64, max_model_len=1024)
+    cfg = EngineConfig(model=args.model, max_num_seqs=64, max_model_len=1024, kv_cache_dtype=args.kv_cache_dtype)
     if "cpu_quant" in EngineConfig.__dataclass_fields__ and args.cpu_quant:
         cfg.cpu_quant = args.cpu_quant
     engine = LLMEngine(cfg)
@@ -97,6 +99,7 @@ def main() -> None:
     write_json(args.out, {
         **header(__doc__, __file__), "machine": machine_info(),
         "cpu_quant": args.cpu_quant or env.cpu_quant() or "auto",
+        "kv_cache_dtype": str(engine.kv_dtype).replace("torch.", ""), "prompt_len": args.prompt_len,
         "rows": [{k: v for k, v in r.items() if k != "ops_table"} for r in rows],
     })
 

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from edgellm.registry import KV_CACHE_DTYPES
+
 if TYPE_CHECKING:
     from edgellm.engine.kv_publisher import KVEventsConfig
 
@@ -43,6 +45,28 @@ def parse_dtype(value: str | torch.dtype | None, device: torch.device | str = "c
         raise ValueError(
             f"unknown dtype {value!r}; choose one of auto, float32, float16, bfloat16"
         ) from None
+
+
+def kv_cache_torch_dtype(
+    name: str, model_dtype: torch.dtype, device: torch.device | str, cpu_fast: bool
+) -> torch.dtype:
+    """The KV cache's element type for kv_cache_dtype `name`: fp8 -> float8_e4m3fn, fp16 ->
+    float16, fp32 -> float32; auto -> the model's dtype, except float16 for an fp32 model on CPU
+    when `cpu_fast`: the load runs mode auto's integer dots (quantized weights, int8-rounded
+    activations), beside which fp16 K/V cost nothing measurable, and the C++ attention converts
+    fp16 pages exactly to fp32 with F16C (one instruction per 16 values), where at decode the
+    page reads are what costs. Exact loads (mode exact, unquantized weights) keep fp32 pages,
+    transformers' numbers.
+    """
+    if name.startswith("fp8"):
+        return torch.float8_e4m3fn
+    if name in ("fp16", "float16"):
+        return torch.float16
+    if name in ("fp32", "float32"):
+        return torch.float32
+    if cpu_fast and model_dtype == torch.float32 and torch.device(device).type == "cpu":
+        return torch.float16
+    return model_dtype
 
 
 ACTIVATIONS = ("silu", "swish", "gelu_pytorch_tanh", "gelu_tanh", "gelu")
@@ -189,8 +213,11 @@ class EngineConfig:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
-        if self.kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3"):
-            raise ValueError(f"kv_cache_dtype must be auto or fp8, got {self.kv_cache_dtype!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                f"got {self.kv_cache_dtype!r}"
+            )
         if self.cpu_quant is not None and self.cpu_quant not in ("auto", "exact", "fast"):
             raise ValueError(f"cpu_quant must be auto, exact or fast, got {self.cpu_quant!r}")
         if self.cpu_isa is not None and self.cpu_isa not in ("avx2", "avx512", "amx"):

@@ -246,20 +246,14 @@ def _prepare_cpu(model: CausalLM, scheme: QuantScheme, platform: Platform) -> No
     decode-only steps through all layers in one C++ call when the kernels built
     (models/fused_decode.py). What each layer runs was fixed at construction (LayerOps)."""
     from edgellm.models.fused_decode import FusedDecode
-    from edgellm.quant.linear_kernels.cpu_int import CpuIntDotKernel, calibrate
+    from edgellm.quant.linear_kernels.cpu_int import calibrate, int_dot_kernels
 
     native = platform.native()  # built (once per machine and level) here, not in the first request
     quantized = scheme.name != "none"
     if platform.cpu_quant == "fast" and quantized:
         model.use_fast_logits(platform.packed_bf16)
     if platform.cpu_quant == "auto" and quantized:
-        calibrate(
-            [
-                m.kernel
-                for m in model.modules()
-                if isinstance(getattr(m, "kernel", None), CpuIntDotKernel)
-            ]
-        )
+        calibrate(int_dot_kernels(model))
         if native is not None:
             model.use_int_dot_logits(native, platform.isa.n16)
     model.model.fused = FusedDecode.build(model.model, native)

@@ -5,7 +5,7 @@
         source: default                 # HF directory, .gguf file, or the embedded default
         architecture: llama             # optional override (models.arch name or HF class)
         quantization: auto              # auto (from the checkpoint) or the format it must have
-        kv_cache_dtype: auto            # auto | fp8
+        kv_cache_dtype: auto            # auto | fp32 | fp16 | fp8
         max_model_len: 4096
         chat_template: template.jinja   # a file, or an inline Jinja string
         tool_parser: hermes             # tool-call format: hermes | llama3_json | mistral |
@@ -32,7 +32,8 @@ import yaml
 DEFAULT_SOURCE = "default"
 DEFAULT_SERVED_NAME = "smollm2-135m-instruct"
 QUANTIZATIONS = ("auto", "none", "awq", "gptq", "int8", "fp8", "gguf", "compressed-tensors")
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+# auto: the model dtype (on CPU an fp32 model in mode auto keeps fp16: edgellm/config.py)
+KV_CACHE_DTYPES = ("auto", "fp32", "float32", "fp16", "float16", "fp8", "fp8_e4m3")
 _KEYS = (
     "source",
     "architecture",
@@ -162,7 +163,9 @@ def parse_entry(name: Any, entry: Any, base: Path, where: str = "models.yaml") -
         )
     kv = typed("kv_cache_dtype", str, "auto")
     if kv not in KV_CACHE_DTYPES:
-        raise RegistryError(f"{ctx}: kv_cache_dtype must be auto or fp8, got {kv!r}")
+        raise RegistryError(
+            f"{ctx}: kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {kv!r}"
+        )
     max_len = typed("max_model_len", int)
     if max_len is not None and max_len < 1:
         raise RegistryError(f"{ctx}: max_model_len must be a positive integer, got {max_len}")

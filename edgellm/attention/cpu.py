@@ -106,7 +106,8 @@ class CpuAttention(AttentionBackend):
         if num_decodes:
             if (
                 self.native is not None
-                and query.dtype == kv_cache.dtype == torch.float32
+                and query.dtype == torch.float32
+                and kv_cache.dtype in NATIVE_CACHE_DTYPES
                 and kv_cache.is_contiguous()
             ):
                 plan = step_cache.get("cpp_decode") if step_cache is not None else None
@@ -140,7 +141,8 @@ class CpuAttention(AttentionBackend):
         native_prefill = (
             self.native_prefill
             if sliding_window is None
-            and query.dtype == kv_cache.dtype == torch.float32
+            and query.dtype == torch.float32
+            and kv_cache.dtype in NATIVE_CACHE_DTYPES
             and query.shape[2] in PREFILL_HEAD_DIMS
             and query.stride(2) == 1
             and query.stride(1) == query.shape[2]
@@ -201,6 +203,7 @@ class CpuAttention(AttentionBackend):
 
 
 PREFILL_HEAD_DIMS = (64, 96, 128, 256)  # what csrc/cpu/prefill_attention.cpp is built for
+NATIVE_CACHE_DTYPES = (torch.float32, torch.float16)  # pages the C++ kernels read (fp32 math)
 
 
 def fp32_prefill_kernel(native: Any, prefill_dtype: torch.dtype | None) -> bool:

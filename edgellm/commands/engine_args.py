@@ -7,6 +7,7 @@ import argparse
 from typing import Any
 
 from edgellm.config import EngineConfig
+from edgellm.registry import KV_CACHE_DTYPES
 
 
 def memory_size(value: str) -> int:
@@ -36,7 +37,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-batched-tokens", type=int, default=2048)
     g.add_argument("--block-size", type=int, default=16)
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
-    g.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
+    g.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=KV_CACHE_DTYPES,
+        help="auto: the model's dtype, except fp16 for an fp32 model on CPU in --cpu-quant auto; "
+        "fp16: half the bytes of fp32 (F16C converts on the CPU); fp8: e4m3 with per-layer scales",
+    )
     g.add_argument(
         "--kv-cache-memory",
         type=memory_size,

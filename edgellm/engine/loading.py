@@ -13,9 +13,10 @@ from typing import Any
 
 import torch
 
-from edgellm.config import EngineConfig, ModelConfig
+from edgellm.config import EngineConfig, ModelConfig, kv_cache_torch_dtype
 from edgellm.loader import CheckpointError, load_model, model_config, resolve_checkpoint
 from edgellm.platform import Platform
+from edgellm.quant.linear_kernels.cpu_int import int_dot_kernels
 from edgellm.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -63,9 +64,7 @@ def load(config: EngineConfig, device: torch.device) -> Loaded:
     eos = list(mcfg.eos_token_ids)
     if tokenizer is not None:
         eos += [t for t in tokenizer.eos_token_ids if t not in eos]
-    kv_dtype = (
-        torch.float8_e4m3fn if config.kv_cache_dtype.startswith("fp8") else config.torch_dtype
-    )
+    platform = Platform.create(config.cpu_quant, config.cpu_isa)
     requested_len = config.max_model_len or mcfg.max_position_embeddings
     if config.max_model_len and config.max_model_len > mcfg.max_position_embeddings:
         logger.warning(
@@ -80,6 +79,10 @@ def load(config: EngineConfig, device: torch.device) -> Loaded:
             device,
             max_position=requested_len,
             architecture=config.architecture,
-            cpu_kernels=Platform.create(config.cpu_quant, config.cpu_isa),
+            cpu_kernels=platform,
         )
+    # mode auto's fp16 pages only where its integer dots already round the activations
+    kv_dtype = kv_cache_torch_dtype(
+        config.kv_cache_dtype, config.torch_dtype, device, bool(int_dot_kernels(model))
+    )
     return Loaded(checkpoint, mcfg, tokenizer, eos, model, kv_dtype, requested_len)

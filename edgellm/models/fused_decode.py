@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 _EMPTY = torch.empty(0)
 _EMPTY_LONG = torch.empty(0, dtype=torch.int64)
-_CACHE_DTYPES = (torch.float32, torch.float8_e4m3fn)
+_CACHE_DTYPES = (torch.float32, torch.float16, torch.float8_e4m3fn)
 
 
 # One linear in the per-layer list (edgellm/kernels/csrc/cpu/decode_layers.h declares the same

@@ -90,6 +90,14 @@ def quick_profile_decode(tmp_path):
     assert r["rows"] and r["rows"][0]["tok_s"] > 0
 
 
+def quick_kv_dtype_decode(tmp_path):
+    r = run_json("kv_dtype_decode", tmp_path, "--batch", "2", "--context", "24", "--rounds", "1", "--steps", "1")
+    assert r["kv_cache_dtypes"] == {"fp32": "float32", "fp16": "float16"}
+    (row,) = r["rows"]
+    assert row["step_ms"]["fp32"] > 0 and row["step_speedup_x"]["fp16"] > 0
+    assert row["attention_op_ms_per_layer"]["fp16"] > 0
+
+
 def quick_gc_pauses(tmp_path):
     r = run_json("gc_pauses", tmp_path, "--prompts", "2", "--concurrency", "1", "--rounds", "1")
     assert r["tracked_objects"] > 0 and r["frozen_objects"] > 0

@@ -79,7 +79,7 @@ def events_config(**kw) -> KVEventsConfig:
 
 def small_engine(path, cfg: KVEventsConfig, blocks: int) -> LLMEngine:
     probe = LLMEngine(EngineConfig(model=str(path), kv_cache_memory=1 << 20))
-    per_block = kv_cache_bytes_per_block(probe.model, 16, torch.float32)
+    per_block = kv_cache_bytes_per_block(probe.model, 16, probe.kv_dtype)
     engine = LLMEngine(EngineConfig(model=str(path), kv_cache_memory=blocks * per_block, max_model_len=96,
                                     kv_events=cfg))
     assert engine.block_manager.num_blocks == blocks

@@ -27,8 +27,8 @@ def test_the_window_pool_frees_budget_for_a_context_one_pool_cannot_hold(tiny_di
     preemption, and greedy decoding equals transformers'."""
     path, hf_model = tiny_dir("gemma3")
     probe = LLM(str(path), kv_cache_memory=1 << 20)
-    per_all = kv_cache_bytes_per_block(probe.engine.model, 16, torch.float32)
-    per_layer = kv_cache_bytes_per_block(probe.engine.model, 16, torch.float32, 1)
+    per_all = kv_cache_bytes_per_block(probe.engine.model, 16, probe.engine.kv_dtype)
+    per_layer = kv_cache_bytes_per_block(probe.engine.model, 16, probe.engine.kv_dtype, 1)
     del probe
     cfg = dict(kv_cache_memory=16 * per_all, max_num_seqs=1, max_num_batched_tokens=32)
     llm = LLM(str(path), **cfg)
@@ -58,7 +58,7 @@ def test_a_small_budget_splits_as_evenly_as_one_pool(tiny_dir):
     split never holds less than one pool would."""
     path, _ = tiny_dir("exaone4")
     probe = LLM(str(path), kv_cache_memory=1 << 20)
-    per_all = kv_cache_bytes_per_block(probe.engine.model, 16, torch.float32)
+    per_all = kv_cache_bytes_per_block(probe.engine.model, 16, probe.engine.kv_dtype)
     del probe
     llm = LLM(str(path), kv_cache_memory=8 * per_all)
     bm = llm.engine.block_manager

@@ -160,7 +160,7 @@ def drain(engine: LLMEngine, done: dict[str, list[int]]) -> None:
 
 def test_engine_priority_preemption_loses_nothing(tiny_llama):
     probe = LLMEngine(EngineConfig(model=str(tiny_llama), kv_cache_memory=1 << 20))
-    per_block = kv_cache_bytes_per_block(probe.model, 16, torch.float32)
+    per_block = kv_cache_bytes_per_block(probe.model, 16, probe.kv_dtype)
     low_prompt = list(range(3, 43))  # 40 tokens + 40 generated: 5 blocks at the end
     high_prompt = list(range(50, 90))  # 40 tokens + 8 generated: 3 blocks
     solo: dict[str, list[int]] = {}

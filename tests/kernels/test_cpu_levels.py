@@ -11,24 +11,12 @@ import torch
 
 from edgellm.kernels.paged_attention import paged_attention_ref
 from tests.helpers.isa_levels import ISA_LEVELS, native_at
+from tests.helpers.paged_kv import scattered_tables
 
 
 @pytest.fixture(scope="module", params=ISA_LEVELS)
 def native(request):
     return native_at(request.param)
-
-
-def _tables(g: torch.Generator, nb: int, heads: list[list[int]], own: list[int], bs: int):
-    ids = iter(torch.randperm(nb, generator=g).tolist())
-    used = {b for h in heads for b in h}
-    free = (b for b in ids if b not in used)
-    tables, lens = [], []
-    for i, (head, n) in enumerate(zip(heads, own)):
-        blocks = head + [next(free) for _ in range(n)]
-        tables.append(blocks)
-        lens.append(len(head) * bs + (n - 1) * bs + 1 + (i * 5) % bs)
-    width = max(len(t) for t in tables)
-    return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long), lens
 
 
 @pytest.mark.parametrize("hq,hkv,d,window", [(9, 3, 64, None), (8, 2, 128, None), (6, 2, 48, 13), (5, 5, 24, None)])
@@ -38,7 +26,7 @@ def test_decode_attention(native, hq, hkv, d, window):
     cache = torch.randn(2, nb, bs, hkv, d, generator=g)
     shared = torch.randperm(nb, generator=g)[:6].tolist()  # a 96-token cached prefix for four of them
     heads = [shared] * 4 + [[]] * 3
-    tables, lens = _tables(g, nb, heads, [1, 2, 3, 1, 4, 1, 2], bs)
+    tables, lens = scattered_tables(g, nb, heads, [1, 2, 3, 1, 4, 1, 2], bs)
     q = torch.randn(len(lens), hq, d, generator=g)
     scale = d ** -0.5
     want = paged_attention_ref(q, q[:, :hkv], q[:, :hkv], cache, tables.int(), lens, list(range(len(lens) + 1)),

@@ -24,6 +24,7 @@ from edgellm.models.fused_decode import (
     LINEAR_TINYGEMM,
     META_PER_LAYER,
 )
+from tests.helpers.fused_paths import decode_both_ways, logprob_gap
 from tests.helpers.quant_tiny import quantize_checkpoint
 
 
@@ -241,42 +242,6 @@ def _linear_kinds(fused) -> set[int]:
     return {fused.meta[start + j * LINEAR_META] for start in range(0, len(fused.meta), per_layer) for j in range(4)}
 
 
-def _decode_both_ways(llm, prompts, max_tokens: int):
-    """(fused outputs, layer-path outputs, fused calls that ran) for greedy decoding with logprobs."""
-    from edgellm import SamplingParams
-
-    model = llm.engine.model.model
-    fused = model.fused
-    assert fused is not None
-    for layer in model.layers:  # the fused pass keeps the MLP intermediate in fp32, like this
-        layer.mlp.bf16_intermediate = False
-    ran = []
-
-    def counting(*args):
-        out = fused(*args)
-        ran.append(out is not None)
-        return out
-
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=2)
-    model.fused = counting
-    try:
-        got = llm.generate(prompts, params) if isinstance(prompts[0], list) and isinstance(prompts[0][0], int) \
-            else llm.chat(prompts, params)
-    finally:
-        model.fused = None
-    try:
-        want = llm.generate(prompts, params) if isinstance(prompts[0], list) and isinstance(prompts[0][0], int) \
-            else llm.chat(prompts, params)
-    finally:
-        model.fused = fused
-    return got, want, ran
-
-
-def _logprob_gap(got, want) -> float:
-    return max(abs(a[0] - b[0]) for g, w in zip(got, want)
-               for a, b in zip(g.outputs[0].logprobs, w.outputs[0].logprobs))
-
-
 @pytest.mark.parametrize("arch", ["llama", "llama_tied", "mistral", "qwen2", "phi3", "exaone", "llama32",
                                   "qwen3", "gemma3", "gemma3_6", "exaone4"])
 def test_fused_decode_matches_the_layer_path(built, tiny_dir, arch):
@@ -289,10 +254,10 @@ def test_fused_decode_matches_the_layer_path(built, tiny_dir, arch):
     llm = LLM(str(path), kv_cache_memory=1 << 20, cpu_quant="fast", enable_prefix_caching=False)
     g = torch.Generator().manual_seed(len(arch))
     prompts = [torch.randint(3, 300, (n,), generator=g).tolist() for n in (5, 19, 33)]
-    got, want, ran = _decode_both_ways(llm, prompts, 30)  # past mistral's 24-token window
+    got, want, ran = decode_both_ways(llm, prompts, 30)  # past mistral's 24-token window
     assert any(ran) and not all(ran)  # decode steps fused; prefill steps not
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
-    assert _logprob_gap(got, want) < 1e-4
+    assert logprob_gap(got, want) < 1e-4
 
 
 @pytest.mark.parametrize("arch", ["phi4mini"])
@@ -317,7 +282,7 @@ def test_fused_decode_on_the_default_model(built):
     fused = llm.engine.model.model.fused
     assert fused is not None and _linear_kinds(fused) == {LINEAR_TINYGEMM}  # int4 GEMV everywhere
     assert all(isinstance(m.kernel, CpuInt4Kernel) for m in llm.engine.model.modules() if hasattr(m, "kernel"))
-    got, want, ran = _decode_both_ways(llm, PROMPTS, 20)
+    got, want, ran = decode_both_ways(llm, PROMPTS, 20)
     assert sum(ran) >= 19
     gaps = []
     for g, w in zip(got, want):
@@ -345,10 +310,10 @@ def test_fused_decode_is_exact_math_on_fp32_weights(built):
     model = llm.engine.model.model
     assert model.fused is not None and _linear_kinds(model.fused) == {LINEAR_DENSE}
     model.fused = FusedDecode.build(model, model.fused.native)  # a fresh one: built from the loaded model alone
-    got, want, ran = _decode_both_ways(llm, PROMPTS, 20)
+    got, want, ran = decode_both_ways(llm, PROMPTS, 20)
     assert sum(ran) >= 19
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
-    assert _logprob_gap(got, want) < 1e-4
+    assert logprob_gap(got, want) < 1e-4
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
@@ -366,10 +331,10 @@ def test_fused_decode_with_an_fp8_cache(built, tiny_dir, arch):
     assert llm.engine.model.attention_layers()[0].kv_cache.dtype == torch.float8_e4m3fn
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, 300, (n,), generator=g).tolist() for n in (6, 21)]
-    got, want, ran = _decode_both_ways(llm, prompts, 24)
+    got, want, ran = decode_both_ways(llm, prompts, 24)
     assert any(ran)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
-    assert _logprob_gap(got, want) < 1e-3
+    assert logprob_gap(got, want) < 1e-3
 
 
 def test_fused_decode_is_not_built_for_act_order_int4(built, tiny_dir, tmp_path):
@@ -393,9 +358,9 @@ def test_fused_decode_runs_int4_with_biases_and_float_layers(built, tiny_dir, tm
     assert fused.meta[0] == LINEAR_TINYGEMM and fused.meta[LINEAR_META] == LINEAR_DENSE  # qkv int4, o_proj fp32
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(3, 300, (n,), generator=g).tolist() for n in (4, 11)]
-    got, want, ran = _decode_both_ways(llm, prompts, 16)
+    got, want, ran = decode_both_ways(llm, prompts, 16)
     assert any(ran)
-    assert _logprob_gap(got, want) < 0.05
+    assert logprob_gap(got, want) < 0.05
 
 
 def test_bf16_prefill_attention_is_close_to_fp32():
@@ -536,7 +501,7 @@ def test_cascade_inside_the_engine_matches_the_per_sequence_path(built):
             attn.backend = exact
     assert any(calls)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
-    assert _logprob_gap(got, want) < 1e-4
+    assert logprob_gap(got, want) < 1e-4
 
 
 @pytest.mark.parametrize("rows,width", [(1, 576), (3, 37), (130, 96), (517, 1536)])

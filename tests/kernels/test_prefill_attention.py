@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from edgellm.kernels import cpu_native
+from tests.helpers.paged_kv import paged, reference
 
 
 @pytest.fixture(scope="module")
@@ -18,31 +19,6 @@ def native():
     if mod.n16_variant() == "scalar":  # a hardware limit: the module builds, this kernel does not
         pytest.skip("this CPU has no AVX2: the causal prefill kernel is built only with vector units")
     return mod
-
-
-def paged(ctx: int, hkv: int, d: int, bs: int, g: torch.Generator, spare: int = 3):
-    """A cache holding one sequence's ctx tokens in shuffled pages (the rest random noise), its
-    table, and the K/V it holds in token order."""
-    nblocks = -(-ctx // bs)
-    cache = torch.randn(2, nblocks + spare, bs, hkv, d, generator=g)
-    table = torch.randperm(nblocks + spare, generator=g)[:nblocks]
-    k = cache[0, table].reshape(-1, hkv, d)[:ctx]
-    v = cache[1, table].reshape(-1, hkv, d)[:ctx]
-    return cache, table, k, v
-
-
-def reference(q, k, v, ctx, key_start, scale):
-    t, hq, _ = q.shape
-    group = hq // k.shape[1]
-    kk = k[key_start:].repeat_interleave(group, 1).double()  # [L, Hq, D]
-    vv = v[key_start:].repeat_interleave(group, 1).double()
-    s = torch.einsum("thd,lhd->htl", q.double(), kk) * scale
-    qpos = torch.arange(ctx - t, ctx)[None, :, None]
-    kpos = torch.arange(key_start, ctx)[None, None, :]
-    s = s.masked_fill(kpos > qpos, float("-inf"))
-    lse = torch.logsumexp(s, -1)  # [Hq, T]
-    out = torch.einsum("htl,lhd->thd", torch.softmax(s, -1), vv)
-    return out, lse.t()
 
 
 @pytest.mark.parametrize("t,ctx,key_start,hq,hkv,d,bs", [

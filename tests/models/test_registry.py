@@ -64,7 +64,7 @@ models:
     ("models:\n  a:\n    source: default\n    max_model_len: '4096'\n", "max_model_len must be an integer"),
     ("models:\n  a:\n    source: default\n    max_model_len: 0\n", "max_model_len must be a positive"),
     ("models:\n  a:\n    source: default\n    quantization: int3\n", "quantization must be one of"),
-    ("models:\n  a:\n    source: default\n    kv_cache_dtype: int8\n", "kv_cache_dtype must be auto or fp8"),
+    ("models:\n  a:\n    source: default\n    kv_cache_dtype: int8\n", "kv_cache_dtype must be one of auto, fp32"),
     ("models:\n  a:\n    source: default\n    architecture: gpt2\n", "unknown architecture 'gpt2'"),
     ("models:\n  a:\n    source: default\n    warm_prompts: hello\n", "warm_prompts must be a list"),
     ("models:\n  a:\n    source: default\n    warm_prompts: ['']\n", "non-empty strings"),

@@ -216,6 +216,11 @@ class CpuIntDotKernel(LinearKernel):
 CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
+def int_dot_kernels(model: torch.nn.Module) -> list[CpuIntDotKernel]:
+    """The integer-dot kernels of a loaded model's linears (empty: its linears are exact)."""
+    return [m.kernel for m in model.modules() if isinstance(getattr(m, "kernel", None), CpuIntDotKernel)]
+
+
 def _time(fn, repeats: int = 3) -> float:
     best = float("inf")
     for _ in range(repeats):

@@ -293,6 +293,9 @@ void attend(const float* q, int64_t q_stride, float* out, int64_t out_stride, co
 template void attend<float>(const float*, int64_t, float*, int64_t, const float*, const float*, int64_t, int64_t,
                             int64_t, int64_t, const int64_t*, int64_t, const int64_t*, int64_t, float, int64_t,
                             float, float, const std::vector<AttnItem>*);
+template void attend<c10::Half>(const float*, int64_t, float*, int64_t, const c10::Half*, const c10::Half*, int64_t,
+                                 int64_t, int64_t, int64_t, const int64_t*, int64_t, const int64_t*, int64_t, float,
+                                 int64_t, float, float, const std::vector<AttnItem>*);
 template void attend<uint8_t>(const float*, int64_t, float*, int64_t, const uint8_t*, const uint8_t*, int64_t,
                               int64_t, int64_t, int64_t, const int64_t*, int64_t, const int64_t*, int64_t, float,
                               int64_t, float, float, const std::vector<AttnItem>*);
@@ -314,14 +317,14 @@ void check_tables(const at::Tensor& block_tables, const at::Tensor& seq_lens, in
 }
 
 void check_cache(const at::Tensor& kv_cache, int64_t D, bool fp8_ok) {
+  const auto t = kv_cache.scalar_type();
   TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.is_contiguous() &&
-              (kv_cache.scalar_type() == at::kFloat ||
-               (fp8_ok && kv_cache.scalar_type() == at::ScalarType::Float8_e4m3fn)),
-              "kv_cache: [2, NB, BS, Hkv, D] contiguous, fp32 (or fp8 e4m3fn in decode_layers)");
+              (t == at::kFloat || t == at::kHalf || (fp8_ok && t == at::ScalarType::Float8_e4m3fn)),
+              "kv_cache: [2, NB, BS, Hkv, D] contiguous, fp32 or fp16 (or fp8 e4m3fn in decode_layers)");
   TORCH_CHECK(kv_cache.size(0) == 2 && kv_cache.size(4) == D, "kv_cache head_dim");
 }
 
-// q [B, Hq, D] fp32; kv_cache [2, NB, BS, Hkv, D] fp32; block_tables [B, MB] int64;
+// q [B, Hq, D] fp32; kv_cache [2, NB, BS, Hkv, D] fp32 or fp16; block_tables [B, MB] int64;
 // seq_lens [B] int64 (context length, this step's token included); window <= 0: none.
 at::Tensor decode_attention(at::Tensor q, at::Tensor kv_cache, at::Tensor block_tables,
                             at::Tensor seq_lens, double scale, int64_t window) {
@@ -333,10 +336,14 @@ at::Tensor decode_attention(at::Tensor q, at::Tensor kv_cache, at::Tensor block_
   TORCH_CHECK(Hq % Hkv == 0, "query heads must be a multiple of kv heads");
   check_tables(block_tables, seq_lens, B, NB, BS);
   auto out = at::empty_like(q);
-  const float* kc = kv_cache.data_ptr<float>();
-  attend<float>(q.data_ptr<float>(), Hq * D, out.data_ptr<float>(), Hq * D, kc, kc + NB * BS * Hkv * D, BS, Hkv, D,
-         Hq / Hkv, block_tables.data_ptr<int64_t>(), block_tables.size(1), seq_lens.data_ptr<int64_t>(), B,
-         static_cast<float>(scale), window);
+  const int64_t half = NB * BS * Hkv * D;  // elements of K before V's
+  auto run = [&](const auto* kc) {
+    attend(q.data_ptr<float>(), Hq * D, out.data_ptr<float>(), Hq * D, kc, kc + half, BS, Hkv, D, Hq / Hkv,
+           block_tables.data_ptr<int64_t>(), block_tables.size(1), seq_lens.data_ptr<int64_t>(), B,
+           static_cast<float>(scale), window);
+  };
+  if (kv_cache.scalar_type() == at::kHalf) run(reinterpret_cast<const c10::Half*>(kv_cache.data_ptr()));
+  else run(kv_cache.data_ptr<float>());
   return out;
 }
 

@@ -22,11 +22,11 @@ std::vector<AttnItem> attn_items(const int64_t* bt, int64_t MB, const int64_t* s
                                  int64_t Hkv, int64_t window);
 
 // Decode attention for B sequences, one query token each. q row b at q + b * q_stride (Hq heads of
-// D), output row b at out + b * out_stride. K/V pages: kc / vc [NB, BS, Hkv, D] (fp32, or fp8
+// D), output row b at out + b * out_stride. K/V pages: kc / vc [NB, BS, Hkv, D] (fp32, fp16, or fp8
 // codes with k_mul / v_mul their scales). block tables [B, MB] int64, seq_lens [B] (context incl.
 // this token), window <= 0: none. plan: attn_items() for these tables and (window > 0), when the
 // caller has it (the same for every layer of a step); nullptr: made here.
-// Instantiated for T = float and T = uint8_t (fp8 e4m3 codes) in attention.cpp.
+// Instantiated for T = float, c10::Half and uint8_t (fp8 e4m3 codes) in attention.cpp.
 template <typename T>
 void attend(const float* q, int64_t q_stride, float* out, int64_t out_stride, const T* kc, const T* vc, int64_t BS,
             int64_t Hkv, int64_t D, int64_t G, const int64_t* bt, int64_t MB, const int64_t* sl, int64_t B, float sc,
@@ -38,7 +38,7 @@ void check_tables(const at::Tensor& block_tables, const at::Tensor& seq_lens, in
                   int64_t BS);
 void check_cache(const at::Tensor& kv_cache, int64_t D, bool fp8_ok = false);
 
-// q [B, Hq, D] fp32; kv_cache [2, NB, BS, Hkv, D] fp32; block_tables [B, MB] int64;
+// q [B, Hq, D] fp32; kv_cache [2, NB, BS, Hkv, D] fp32 or fp16; block_tables [B, MB] int64;
 // seq_lens [B] int64 (context length, this step's token included); window <= 0: none.
 at::Tensor decode_attention(at::Tensor q, at::Tensor kv_cache, at::Tensor block_tables,
                             at::Tensor seq_lens, double scale, int64_t window);

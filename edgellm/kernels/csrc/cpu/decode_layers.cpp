@@ -22,6 +22,7 @@
 #include "qgemm_n16.h"
 #include "norm.h"
 #include "rotary.h"
+#include "vec.h"
 
 namespace edgellm::cpu {
 
@@ -60,6 +61,15 @@ static at::Tensor linear(const at::Tensor& x, const at::Tensor* t, const int64_t
   }
   if (bias.numel() > 0) y.add_(bias);
   return y;
+}
+
+// n values of this step's K or V into the cache as its dtype: fp32 as they are, fp16 rounded to
+// nearest even, fp8 as edgellm/kernels/paged_attention.write_kv_ref does (clamp(x / scale, +-448),
+// rounded to e4m3). The fp32 and fp16 caches hold unscaled values (scale 1).
+static void put_row(const float* x, float* y, int64_t n, float) { std::copy(x, x + n, y); }
+static void put_row(const float* x, c10::Half* y, int64_t n, float) { to_half(x, y, n); }
+static void put_row(const float* x, uint8_t* y, int64_t n, float scale) {
+  for (int64_t j = 0; j < n; ++j) y[j] = c10::Float8_e4m3fn(std::min(std::max(x[j] / scale, -448.f), 448.f)).x;
 }
 
 std::vector<int64_t> layout() {
@@ -149,8 +159,6 @@ at::Tensor decode_layers(at::Tensor x, at::Tensor cos, at::Tensor sin, at::Tenso
     const int64_t nb = NB[pool];
     const int64_t* sp = pool_slots[pool].data_ptr<int64_t>();
     const at::Tensor& tables_l = pool_tables[pool];
-    const bool fp8 = cache.scalar_type() == at::ScalarType::Float8_e4m3fn;
-    const float k_scale = static_cast<float>(kv_scales[2 * l]), v_scale = static_cast<float>(kv_scales[2 * l + 1]);
     const at::Tensor *qkv_w = t + 3, *o_w = qkv_w + LINEAR_TENSORS, *gu_w = o_w + LINEAR_TENSORS + 2,
                      *down_w = gu_w + LINEAR_TENSORS;
     const at::Tensor &in_norm = t[0], &q_norm = t[1], &k_norm = t[2], &o_norm = o_w[LINEAR_TENSORS],
@@ -170,32 +178,24 @@ at::Tensor decode_layers(at::Tensor x, at::Tensor cos, at::Tensor sin, at::Tenso
       norm_rows(qp + b * QKV + Hq * D, D, Hkv, D, k_norm, epsf);
     }
     if (which >= 0) rotate_rows(qp, QKV, tables[which][0], tables[which][1], B, Hq + Hkv, D);  // q, then k heads
-    if (fp8) {  // as edgellm/kernels/paged_attention.write_kv_ref: clamp(x / scale, +-448), round to e4m3
-      uint8_t* kc = reinterpret_cast<uint8_t*>(cache.data_ptr());
-      uint8_t* vc = kc + nb * BS * Hkv * D;
+    // this step's K and V into their slots, then attention over the pages, in the cache's dtype
+    auto attention = [&](auto* kc, float k_mul, float v_mul) {
+      auto* vc = kc + nb * BS * Hkv * D;
       for (int64_t b = 0; b < B; ++b) {
-        const int64_t slot = sp[b];
-        for (int64_t j = 0; j < Hkv * D; ++j) {
-          const float kq = std::min(std::max(qp[b * QKV + Hq * D + j] / k_scale, -448.f), 448.f);
-          const float vq = std::min(std::max(qp[b * QKV + (Hq + Hkv) * D + j] / v_scale, -448.f), 448.f);
-          kc[slot * Hkv * D + j] = c10::Float8_e4m3fn(kq).x;
-          vc[slot * Hkv * D + j] = c10::Float8_e4m3fn(vq).x;
-        }
+        put_row(qp + b * QKV + Hq * D, kc + sp[b] * Hkv * D, Hkv * D, k_mul);
+        put_row(qp + b * QKV + (Hq + Hkv) * D, vc + sp[b] * Hkv * D, Hkv * D, v_mul);
       }
-      attend<uint8_t>(qp, QKV, attn.data_ptr<float>(), Hq * D, kc, vc, BS, Hkv, D, G,
-                      tables_l.data_ptr<int64_t>(), tables_l.size(1), seq_lens.data_ptr<int64_t>(), B,
-                      static_cast<float>(scale), window, k_scale, v_scale, plan_for(window));
+      attend(qp, QKV, attn.data_ptr<float>(), Hq * D, kc, vc, BS, Hkv, D, G, tables_l.data_ptr<int64_t>(),
+             tables_l.size(1), seq_lens.data_ptr<int64_t>(), B, static_cast<float>(scale), window, k_mul, v_mul,
+             plan_for(window));
+    };
+    if (cache.scalar_type() == at::ScalarType::Float8_e4m3fn) {
+      attention(reinterpret_cast<uint8_t*>(cache.data_ptr()), static_cast<float>(kv_scales[2 * l]),
+                static_cast<float>(kv_scales[2 * l + 1]));
+    } else if (cache.scalar_type() == at::kHalf) {
+      attention(reinterpret_cast<c10::Half*>(cache.data_ptr()), 1.f, 1.f);
     } else {
-      float* kc = cache.data_ptr<float>();
-      float* vc = kc + nb * BS * Hkv * D;
-      for (int64_t b = 0; b < B; ++b) {
-        const int64_t slot = sp[b];
-        std::copy(qp + b * QKV + Hq * D, qp + b * QKV + (Hq + Hkv) * D, kc + slot * Hkv * D);
-        std::copy(qp + b * QKV + (Hq + Hkv) * D, qp + (b + 1) * QKV, vc + slot * Hkv * D);
-      }
-      attend<float>(qp, QKV, attn.data_ptr<float>(), Hq * D, kc, vc, BS, Hkv, D, G,
-                    tables_l.data_ptr<int64_t>(), tables_l.size(1), seq_lens.data_ptr<int64_t>(), B,
-                    static_cast<float>(scale), window, 1.f, 1.f, plan_for(window));
+      attention(cache.data_ptr<float>(), 1.f, 1.f);
     }
     auto o = linear(attn, o_w, m + LINEAR_META).contiguous();
     float* op = o.data_ptr<float>();

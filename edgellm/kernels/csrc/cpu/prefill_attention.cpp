@@ -1,4 +1,4 @@
-// Causal prefill attention in fp32 over the paged KV cache (the contract: prefill_attention.h).
+// Causal prefill attention in fp32 over the paged KV cache (fp32 or fp16 pages) (the contract: prefill_attention.h).
 //
 // A work item is one chunk, one kv head and BQ query positions, with the G query heads that share
 // the kv head (G * BQ rows). It walks the key tiles (64 keys: four sub-tiles of 16, each inside
@@ -17,6 +17,7 @@
 #include <cmath>
 #include <limits>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "vec.h"
@@ -36,11 +37,12 @@ constexpr int RB = 1;  // AVX2: NSUB V16 accumulators are already 8 of the 16 ym
 #endif
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
+template <typename E>  // the cache's element: float or c10::Half
 struct Job {
   const float* q;
   int64_t q_tok;  // floats between tokens of q
-  const float* kc;
-  const float* vc;
+  const E* kc;
+  const E* vc;
   const int64_t* table;
   int64_t BS, Hkv, Hq, D, G, T, ctx, key_start;
   float scale;
@@ -50,8 +52,8 @@ struct Job {
 
 // Every row of kv head h and query positions [i0, i1) (chunk-relative). kt: this head's key tiles,
 // transposed ([tile][D][KT]; keys past the context are 0).
-template <int DC>
-void item(const Job& j, const float* kt, int64_t h, int64_t i0, int64_t i1) {
+template <int DC, typename E>
+void item(const Job<E>& j, const float* kt, int64_t h, int64_t i0, int64_t i1) {
   constexpr int64_t D = DC * 16;
   constexpr bool JOINT = RB * DC <= 16;  // RB rows' accumulators fit the registers beside V's
   const int64_t nq = i1 - i0, R = j.G * nq, first = j.ctx - j.T;
@@ -69,7 +71,7 @@ void item(const Job& j, const float* kt, int64_t h, int64_t i0, int64_t i1) {
   const int64_t last = first + i1 - 1;
   const int64_t row_stride = j.Hkv * D;  // floats between tokens in a page
   alignas(64) float buf[RB][KT];
-  const float* vsub[NSUB];
+  const E* vsub[NSUB];
   for (int64_t kp = j.key_start; kp <= last; kp += KT) {
     const int64_t in_ctx = std::min<int64_t>(KT, j.ctx - kp);
     const float* ktile = kt + (kp - j.key_start) / KT * D * KT;
@@ -133,9 +135,9 @@ void item(const Job& j, const float* kt, int64_t h, int64_t i0, int64_t i1) {
           for (int c = 0; c < DC; ++c) a[u][c] = v16_mul(v16_load(ar + 16 * c), av);
         }
         for (int64_t t = 0; t < most; ++t) {
-          const float* vr = vsub[t / SUB] + (t % SUB) * row_stride;
+          const E* vr = vsub[t / SUB] + (t % SUB) * row_stride;
           V16 vv[DC];
-          for (int c = 0; c < DC; ++c) vv[c] = v16_load(vr + 16 * c);
+          for (int c = 0; c < DC; ++c) vv[c] = load16(vr + 16 * c);
           for (int u = 0; u < RB; ++u) {
             const V16 pt = v16_set1(buf[u][t]);
             for (int c = 0; c < DC; ++c) a[u][c] = v16_fmadd(pt, vv[c], a[u][c]);
@@ -153,8 +155,8 @@ void item(const Job& j, const float* kt, int64_t h, int64_t i0, int64_t i1) {
           for (int c = 0; c < DC; ++c) a[c] = v16_mul(v16_load(ar + 16 * c), av);
           for (int64_t t = 0; t < valid[u]; ++t) {
             const V16 pt = v16_set1(buf[u][t]);
-            const float* vr = vsub[t / SUB] + (t % SUB) * row_stride;
-            for (int c = 0; c < DC; ++c) a[c] = v16_fmadd(pt, v16_load(vr + 16 * c), a[c]);
+            const E* vr = vsub[t / SUB] + (t % SUB) * row_stride;
+            for (int c = 0; c < DC; ++c) a[c] = v16_fmadd(pt, load16(vr + 16 * c), a[c]);
           }
           for (int c = 0; c < DC; ++c) v16_store(ar + 16 * c, a[c]);
         }
@@ -173,17 +175,18 @@ void item(const Job& j, const float* kt, int64_t h, int64_t i0, int64_t i1) {
 }
 
 // The 64-key tile of kv head h from position kp, transposed into out ([D][KT]; keys past the
-// context are 0).
-template <int DC>
-void transpose_tile(const Job& j, int64_t h, int64_t kp, float* out) {
+// context are 0; fp16 keys as fp32).
+template <int DC, typename E>
+void transpose_tile(const Job<E>& j, int64_t h, int64_t kp, float* out) {
   constexpr int64_t D = DC * 16;
+  float row[D];
   for (int64_t t = 0; t < KT; ++t) {
     const int64_t pos = kp + t;
     if (pos >= j.ctx) {
       for (int64_t d = 0; d < D; ++d) out[d * KT + t] = 0.f;
       continue;
     }
-    const float* kr = j.kc + ((j.table[pos / j.BS] * j.BS + pos % j.BS) * j.Hkv + h) * D;
+    const float* kr = load_row(j.kc + ((j.table[pos / j.BS] * j.BS + pos % j.BS) * j.Hkv + h) * D, row, D);
     for (int64_t d = 0; d < D; ++d) out[d * KT + t] = kr[d];
   }
 }
@@ -192,8 +195,8 @@ void transpose_tile(const Job& j, int64_t h, int64_t kp, float* out) {
 // region over (chunk, kv head, tile)); then the items (chunk, kv head, query block) are split over
 // torch's threads by their cost (the key tiles they read), so neither the causal triangle's long
 // rows nor one long chunk among short ones lands on one thread.
-template <int DC>
-void run(const std::vector<Job>& jobs) {
+template <int DC, typename E>
+void run(const std::vector<Job<E>>& jobs) {
   constexpr int64_t D = DC * 16;
   struct Item {
     int64_t job, h, i0, i1;
@@ -203,7 +206,7 @@ void run(const std::vector<Job>& jobs) {
   std::vector<int64_t> tiles_of(jobs.size()), tile_base(jobs.size() + 1, 0);
   int64_t total = 0;
   for (size_t c = 0; c < jobs.size(); ++c) {
-    const Job& j = jobs[c];
+    const Job<E>& j = jobs[c];
     const int64_t nqb = (j.T + BQ - 1) / BQ, first = j.ctx - j.T;
     tiles_of[c] = (j.ctx - j.key_start + KT - 1) / KT;
     tile_base[c + 1] = tile_base[c] + j.Hkv * tiles_of[c];
@@ -222,9 +225,9 @@ void run(const std::vector<Job>& jobs) {
     size_t c = std::upper_bound(tile_base.begin(), tile_base.end(), w0) - tile_base.begin() - 1;
     for (int64_t w = w0; w < w1; ++w) {
       while (w >= tile_base[c + 1]) ++c;
-      const Job& j = jobs[c];
+      const Job<E>& j = jobs[c];
       const int64_t local = w - tile_base[c], h = local / tiles_of[c], kp = j.key_start + (local % tiles_of[c]) * KT;
-      transpose_tile<DC>(j, h, kp, kt.data() + w * D * KT);
+      transpose_tile<DC, E>(j, h, kp, kt.data() + w * D * KT);
     }
   });
   const int64_t n_items = static_cast<int64_t>(items.size());
@@ -236,7 +239,7 @@ void run(const std::vector<Job>& jobs) {
         if (cost_end[it] <= lo || cost_end[it] > hi) continue;
         const Item& x = items[it];
         const float* ktiles = kt.data() + (tile_base[x.job] + x.h * tiles_of[x.job]) * D * KT;
-        item<DC>(jobs[x.job], ktiles, x.h, x.i0, x.i1);
+        item<DC, E>(jobs[x.job], ktiles, x.h, x.i0, x.i1);
       }
     }
   });
@@ -254,9 +257,10 @@ std::tuple<at::Tensor, at::Tensor> prefill_attention_many(const at::Tensor& q, c
                                                           const std::vector<int64_t>& key_start, double scale) {
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.stride(2) == 1 && q.stride(1) == q.size(2),
               "q: [N, Hq, D] fp32, heads and dims contiguous");
-  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.scalar_type() == at::kFloat &&
+  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 &&
+                  (kv_cache.scalar_type() == at::kFloat || kv_cache.scalar_type() == at::kHalf) &&
                   kv_cache.is_contiguous(),
-              "kv_cache: [2, NB, BS, Hkv, D] fp32, contiguous");
+              "kv_cache: [2, NB, BS, Hkv, D] fp32 or fp16, contiguous");
   const int64_t N = q.size(0), Hq = q.size(1), D = q.size(2), B = static_cast<int64_t>(ctx.size());
   const int64_t NB = kv_cache.size(1), BS = kv_cache.size(2), Hkv = kv_cache.size(3);
   TORCH_CHECK(kv_cache.size(4) == D && Hkv > 0 && Hq % Hkv == 0, "kv_cache heads/dims do not fit q");
@@ -281,22 +285,26 @@ std::tuple<at::Tensor, at::Tensor> prefill_attention_many(const at::Tensor& q, c
   auto out = at::empty({N, Hq, D}, q.options());
   auto lse = at::empty({N, Hq}, q.options());
 #if defined(EDGELLM_V16)
-  const float* kc = kv_cache.data_ptr<float>();
-  std::vector<Job> jobs;
-  for (int64_t c = 0; c < B; ++c) {
-    const int64_t s0 = q_start[c];
-    jobs.push_back(Job{q.data_ptr<float>() + s0 * q.stride(0), q.stride(0), kc, kc + NB * BS * Hkv * D,
-                       tp + c * tables.stride(0), BS, Hkv, Hq, D, Hq / Hkv, q_start[c + 1] - s0, ctx[c],
-                       key_start[c], static_cast<float>(scale), out.data_ptr<float>() + s0 * Hq * D,
-                       lse.data_ptr<float>() + s0 * Hq});
-  }
-  pybind11::gil_scoped_release no_gil;
-  switch (D) {
-    case 64: run<4>(jobs); break;
-    case 96: run<6>(jobs); break;
-    case 128: run<8>(jobs); break;
-    default: run<16>(jobs); break;
-  }
+  auto launch = [&](const auto* kc) {
+    using E = std::remove_const_t<std::remove_pointer_t<decltype(kc)>>;
+    std::vector<Job<E>> jobs;
+    for (int64_t c = 0; c < B; ++c) {
+      const int64_t s0 = q_start[c];
+      jobs.push_back(Job<E>{q.data_ptr<float>() + s0 * q.stride(0), q.stride(0), kc, kc + NB * BS * Hkv * D,
+                            tp + c * tables.stride(0), BS, Hkv, Hq, D, Hq / Hkv, q_start[c + 1] - s0, ctx[c],
+                            key_start[c], static_cast<float>(scale), out.data_ptr<float>() + s0 * Hq * D,
+                            lse.data_ptr<float>() + s0 * Hq});
+    }
+    pybind11::gil_scoped_release no_gil;
+    switch (D) {
+      case 64: run<4>(jobs); break;
+      case 96: run<6>(jobs); break;
+      case 128: run<8>(jobs); break;
+      default: run<16>(jobs); break;
+    }
+  };
+  if (kv_cache.scalar_type() == at::kHalf) launch(reinterpret_cast<const c10::Half*>(kv_cache.data_ptr()));
+  else launch(kv_cache.data_ptr<float>());
 #else
   TORCH_CHECK(false, "prefill_attention needs a build with AVX2 or AVX-512 (n16_variant() != 'scalar')");
 #endif

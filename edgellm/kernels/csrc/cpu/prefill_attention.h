@@ -11,7 +11,7 @@ namespace edgellm::cpu {
 
 // One prefill chunk's causal attention, its K/V read from the pages it was just written to.
 // q [T, Hq, D] fp32 (heads and dims contiguous, any token stride): the chunk's queries, at context
-// positions ctx - T .. ctx - 1. kv_cache [2, NB, BS, Hkv, D] fp32 (BS a multiple of 16); table
+// positions ctx - T .. ctx - 1. kv_cache [2, NB, BS, Hkv, D] fp32 or fp16 (BS a multiple of 16); table
 // [>= ceil(ctx / BS)] int64: the sequence's pages. The query at position p attends keys
 // key_start .. p (key_start a multiple of 16, <= ctx - T; GQA: q head h reads kv head h / (Hq / Hkv)).
 // Returns (out [T, Hq, D] fp32, lse [T, Hq] fp32: the log of each row's softmax denominator over

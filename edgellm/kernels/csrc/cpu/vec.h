@@ -1,5 +1,5 @@
 // Vector helpers shared by the CPU kernels (edgellm/kernels/csrc/cpu/*.cpp): dot products and axpys,
-// K/V rows as fp32 (fp32 in place, fp8 e4m3 decoded), exp and the softmax's shifted exp-sum, the
+// K/V rows as fp32 (fp32 in place, fp16 and fp8 e4m3 decoded), exp and the softmax's shifted exp-sum, the
 // 16-way horizontal sum. V16 is 16 fp32 lanes: one zmm register on AVX-512, two ymm registers on
 // AVX2 (+ FMA, F16C: every x86-64-v3 CPU), so one kernel source serves both levels; EDGELLM_V16 is
 // defined when either is built in, scalar loops serve the rest. Header-only (static inline), so
@@ -7,6 +7,7 @@
 #pragma once
 
 #include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Half.h>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -120,12 +121,15 @@ static inline void axpy(float* y, float p, const float* x, int64_t n) {  // y +=
   for (; d < n; ++d) y[d] += p * x[d];
 }
 
-// One cached K or V row as floats: fp32 rows are read in place; fp8 (e4m3fn) rows are decoded
-// exactly into `buf` (AVX-512: e4m3's bit fields placed into fp16's give value / 256, then fp16
-// -> fp32; elsewhere c10's conversion).
+// One cached K or V row as floats: fp32 rows are read in place; fp16 and fp8 (e4m3fn) rows are
+// decoded exactly into `buf` (fp16: F16C's conversion; e4m3: its bit fields placed into fp16's
+// give value / 256, then fp16 -> fp32; without vectors c10's conversions).
 #if defined(EDGELLM_V16)
-// 16 K or V values as fp32: fp32 in place; fp8 e4m3 codes decoded as below.
+// 16 K or V values as fp32: fp32 in place; fp16 and fp8 e4m3 codes decoded as below.
 static inline V16 load16(const float* p) { return v16_load(p); }
+static inline V16 load16(const c10::Half* p) {
+  return v16_from_half(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
 static inline V16 load16(const uint8_t* p) {
   const __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   const __m256i half = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x80)), 8),
@@ -141,6 +145,30 @@ static inline const float* kv_row(const uint8_t* p, float* buf, int64_t D) {
 #endif
   for (; d < D; ++d) buf[d] = static_cast<float>(c10::Float8_e4m3fn(p[d], c10::Float8_e4m3fn::from_bits()));
   return buf;
+}
+
+static inline const float* kv_row(const c10::Half* p, float* buf, int64_t D) {
+  int64_t d = 0;
+#if defined(EDGELLM_V16)
+  for (; d + 16 <= D; d += 16) v16_store(buf + d, load16(p + d));
+#endif
+  for (; d < D; ++d) buf[d] = static_cast<float>(p[d]);
+  return buf;
+}
+
+// y[0, n) = x[0, n) as fp16, rounded to nearest even (torch's .to(float16); F16C where built in).
+static inline void to_half(const float* x, c10::Half* y, int64_t n) {
+  int64_t d = 0;
+#if defined(__AVX512F__)
+  for (; d + 16 <= n; d += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + d),
+                        _mm512_cvtps_ph(_mm512_loadu_ps(x + d), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#elif defined(EDGELLM_V16)
+  for (; d + 8 <= n; d += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + d),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(x + d), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+  for (; d < n; ++d) y[d] = c10::Half(x[d]);
 }
 
 #if defined(EDGELLM_V16)
