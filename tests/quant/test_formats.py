@@ -141,8 +141,9 @@ def test_int4_auto_path_is_integer_dots_over_rounded_activations(int4_case):
     for step_tokens in (None, 6):
         kw = {} if step_tokens is None else {"max_num_batched_tokens": step_tokens}
         # capped at avx2: fp32 prompt attention on every CPU (with bf16 units auto attends in bf16,
-        # which the end-to-end bound below does not cover); the integer dots are the same code
-        llm = LLM(str(path), kv_cache_memory=1 << 20, cpu_quant="auto", cpu_isa="avx2", **kw)
+        # which the end-to-end bound below does not cover); the integer dots are the same code.
+        # fp32 pages: the bound is the int8 activations' alone (fp16 pages: tests/engine/test_kv_dtype.py)
+        llm = LLM(str(path), kv_cache_memory=1 << 20, cpu_quant="auto", cpu_isa="avx2", kv_cache_dtype="fp32", **kw)
         kernels = [m.kernel for m in llm.engine.model.modules() if hasattr(m, "kernel")]
         assert {type(k).__name__ for k in kernels} == {"CpuIntDotKernel"} | ({"DenseKernel"} if dense else set())
         calls: list[tuple] = []
