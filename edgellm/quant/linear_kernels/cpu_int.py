@@ -218,7 +218,8 @@ CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 def int_dot_kernels(model: torch.nn.Module) -> list[CpuIntDotKernel]:
     """The integer-dot kernels of a loaded model's linears (empty: its linears are exact)."""
-    return [m.kernel for m in model.modules() if isinstance(getattr(m, "kernel", None), CpuIntDotKernel)]
+    kernels = (getattr(m, "kernel", None) for m in model.modules())
+    return [k for k in kernels if isinstance(k, CpuIntDotKernel)]
 
 
 def _time(fn, repeats: int = 3) -> float:
