@@ -8,11 +8,13 @@ Ops: int_linear_n16 over a SmolLM2-135M layer (qkv 960x576, o 576x576, gate_up 3
 576x1536; int4, groups of 32, fp16 scales and offsets; 8 layers' weights cycled) at each of
 --rows, and prefill_attention (fp32, causal, 9 query and 3 kv heads of 64 dims, pages of 16) at
 each of --tokens, and with --head VxK the int8 logits head's product (int_linear_n16, bits 8, one
-scale per vocabulary row: IntDotLogitsHead's codes) at each of --head-rows. Ratios are the base's
-time over this tree's (> 1: this tree is faster).
+scale per vocabulary row: IntDotLogitsHead's codes) at each of --head-rows, and with --decode
+BxCTX,... decode attention over 30 layers' fp16 pages (heads --decode-heads). Ratios are the
+base's time over this tree's (> 1: this tree is faster).
 
     python benchmarks/cpu_native_ab.py --base 0c5d4bb [--rows 1,8,16,64,128,256]
-        [--tokens 128,550,1024] [--head 262144x640 --head-rows 1,16] [--out FILE]
+        [--tokens 128,550,1024] [--head 262144x640 --head-rows 1,16]
+        [--decode 1x300,1x1024,16x512 --decode-heads 9x3x64] [--out FILE]
 """
 
 from __future__ import annotations
@@ -79,6 +81,29 @@ def head_ab(mods: dict, shape: str, rows: str, repeats: int) -> dict:
     return out
 
 
+def decode_ab(mods: dict, spec: str, heads: str, repeats: int, layers: int = 30) -> dict:
+    """decode_attention over `layers` layers' own fp16 pages (so they come from memory, as in a
+    step) for each BxCTX of spec (sequences x context tokens), heads HQxHKVxD, both alternating."""
+    hq, hkv, d = (int(v) for v in heads.lower().split("x"))
+    out = {}
+    for item in spec.split(","):
+        b, ctx = (int(v) for v in item.lower().split("x"))
+        blocks = -(-ctx // 16)
+        caches = [torch.randn(2, b * blocks + 4, 16, hkv, d).half() for _ in range(layers)]
+        tables = torch.randperm(b * blocks + 4)[: b * blocks].view(b, blocks).contiguous()
+        lens, q = torch.full((b,), ctx, dtype=torch.long), torch.randn(b, hq, d)
+
+        def step(mod, caches=caches, tables=tables, lens=lens, q=q):
+            for c in caches:
+                mod.decode_attention(q, c, tables, lens, d**-0.5, 0)
+
+        t = side_by_side(mods, step, repeats)
+        out[item] = {**t, "ratio": t["base"] / t["this"]}
+        print(f"decode_attention {heads}, {b} x {ctx} tokens, {layers} layers: base {t['base']:.3f}  "
+              f"this {t['this']:.3f}  {t['base'] / t['this']:.2f}x")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", required=True, help="the commit to compare with")
@@ -86,6 +111,8 @@ def main() -> None:
     ap.add_argument("--tokens", default="128,550,1024")
     ap.add_argument("--head", default="", help="VxK: also time an int8 logits head of that shape")
     ap.add_argument("--head-rows", default="1,16")
+    ap.add_argument("--decode", default="", help="BxCTX,...: also time decode attention (fp16 pages)")
+    ap.add_argument("--decode-heads", default="9x3x64", help="HQxHKVxD of --decode")
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--out", default=None, help="write the table as JSON here")
     args = ap.parse_args()
@@ -128,11 +155,15 @@ def main() -> None:
               f"{t['base'] / t['this']:.2f}x")
     if args.head:
         table["int8 head ms"] = head_ab(mods, args.head, args.head_rows, args.repeats)
+    if args.decode:
+        table[f"decode_attention {args.decode_heads} ms per step"] = decode_ab(mods, args.decode, args.decode_heads,
+                                                                              args.repeats)
     if args.out:
         Path(args.out).write_text(json.dumps({
             "command": f"python benchmarks/cpu_native_ab.py --base {args.base} --rows {args.rows} "
                        f"--tokens {args.tokens}" + (f" --head {args.head} --head-rows {args.head_rows}"
-                                                    if args.head else ""),
+                                                    if args.head else "")
+                       + (f" --decode {args.decode} --decode-heads {args.decode_heads}" if args.decode else ""),
             "what": "the C++ kernels of this tree against the base commit's, both loaded in one process, "
                     f"alternating, best of {args.repeats}; ratio = base time / this tree's time",
             "machine": {**machine_info(), "isa": select().describe()},

@@ -61,8 +61,9 @@ def quick_cpu_int_dot(tmp_path):
 
 def quick_cpu_native_ab(tmp_path):
     r = run_json("cpu_native_ab", tmp_path, "--base", "HEAD", "--rows", "1,9", "--tokens", "16",
-                 "--repeats", "1", "--head", "50x64", "--head-rows", "2")
+                 "--repeats", "1", "--head", "50x64", "--head-rows", "2", "--decode", "1x40", "--decode-heads", "4x2x32")
     assert set(r["int8 head ms"]) == {"2"} and r["int8 head ms"]["2"]["this"] > 0
+    assert r["decode_attention 4x2x32 ms per step"]["1x40"]["base"] > 0
     assert set(r["int_linear_n16 ms per layer"]) == {"1", "9"} and set(r["prefill_attention ms per layer"]) == {"16"}
     assert all(x > 0 for x in numbers(r["int_linear_n16 ms per layer"]))
 

@@ -48,3 +48,27 @@ def test_rms_norm(native, rows, width):
     got = native.rms_norm(x, w, 1e-5)
     assert (got - want).abs().max().item() <= 1e-6 * want.abs().max().item()
     assert torch.equal(native.rms_norm(x[1:].contiguous(), w, 1e-5), got[1:])  # rows are independent
+
+
+@pytest.mark.parametrize("dtype,window", [(torch.float32, None), (torch.float16, None), (torch.float32, 700)])
+def test_long_contexts_run_in_chunks_alike_alone_and_in_a_batch(native, dtype, window):
+    """Contexts past one softmax chunk (512 tokens: attention.h's kChunk), some sharing a cached
+    320-token prefix and some alone, of one, two and three chunks (the last partial; a window of
+    700 cuts them to two): each sequence's output is the reference's, and bit for bit its output
+    when decoded alone, whether its chunks ran as items of their own or inside its shared-prefix
+    group."""
+    g = torch.Generator().manual_seed(77)
+    hq, hkv, d, nb, bs = 6, 2, 64, 400, 16
+    cache = torch.randn(2, nb, bs, hkv, d, generator=g).to(dtype)
+    shared = torch.randperm(nb, generator=g)[:20].tolist()
+    tables, lens = scattered_tables(g, nb, [shared] * 3 + [[]] * 3, [13, 30, 2, 70, 45, 3], bs)
+    q = torch.randn(len(lens), hq, d, generator=g)
+    scale = d ** -0.5
+    want = paged_attention_ref(q, q[:, :hkv], q[:, :hkv], cache.float(), tables.int(), lens,
+                               list(range(len(lens) + 1)), len(lens), scale, window)
+    got = native.decode_attention(q, cache, tables, torch.tensor(lens), scale, int(window or 0))
+    assert (got - want).abs().max().item() < 1e-5
+    for b in range(len(lens)):
+        alone = native.decode_attention(q[b:b + 1].contiguous(), cache, tables[b:b + 1], torch.tensor(lens[b:b + 1]),
+                                        scale, int(window or 0))
+        assert torch.equal(alone, got[b:b + 1]), b

@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 #include <algorithm>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "vec.h"
@@ -85,11 +86,15 @@ static inline void prefetch_rows(const T* const* rows, int64_t t0, int64_t t1, i
 // over one tile while it is in L1, the next tile prefetched (pages sit anywhere in the cache and
 // the hardware prefetcher stops at each one); a shared tile serves every member before the next
 // is read, so a cached system prompt is read from memory once per item, not once per sequence.
-// Each member's sums run in the same order either way.
+// Each member's sums run in the same order either way. The softmax runs per kChunk chunk of a
+// member's tokens (attention.h): with more than one, part[m] holds the chunks' outputs
+// [chunk][GH][D] and lse[m] their log-sum-exps [chunk][GH], merged into out[m] at the end; with one
+// (part[m] nullptr) the output goes to out[m] and, where lse[m] is given, its log-sum-exps to
+// lse[m][0, GH) (a chunk item of a longer context, merged by the caller).
 template <typename T>
 static void attend_members(const float* const* qh, float* const* out, const T* const* const* rows, const int64_t* n,
                            int64_t M, int64_t shared, int64_t voff, int64_t hpi, int64_t G, int64_t D, float ksc,
-                           float v_mul, float* const* scores) {
+                           float v_mul, float* const* scores, float* const* part, float* const* lse) {
   const int64_t GH = hpi * G;
   const int64_t bytes = hpi * D * static_cast<int64_t>(sizeof(T));  // one token's K (or V) rows
   shared -= shared % 16;  // whole tiles
@@ -100,16 +105,18 @@ static void attend_members(const float* const* qh, float* const* out, const T* c
   };
   auto pv_tiles = [&](int64_t m, int64_t t0) {
     const int64_t cnt = std::min<int64_t>(16, n[m] - t0);
+    float* dst = part[m] != nullptr ? part[m] + (t0 / kChunk) * GH * D : out[m];  // this tile's chunk
+    const bool first = t0 % kChunk == 0;
     for (int64_t hh = 0; hh < hpi; ++hh) {
       for (int64_t g0 = 0; g0 < G; g0 += 4) {
         const float* p = scores[m] + (hh * G + g0) * n[m] + t0;
-        float* o = out[m] + (hh * G + g0) * D;
+        float* o = dst + (hh * G + g0) * D;
         const int64_t off = voff + hh * D;
         switch (std::min<int64_t>(4, G - g0)) {
-          case 4: pv_heads<T, 4>(p, n[m], rows[m] + t0, off, cnt, o, D, t0 == 0); break;
-          case 3: pv_heads<T, 3>(p, n[m], rows[m] + t0, off, cnt, o, D, t0 == 0); break;
-          case 2: pv_heads<T, 2>(p, n[m], rows[m] + t0, off, cnt, o, D, t0 == 0); break;
-          default: pv_heads<T, 1>(p, n[m], rows[m] + t0, off, cnt, o, D, t0 == 0); break;
+          case 4: pv_heads<T, 4>(p, n[m], rows[m] + t0, off, cnt, o, D, first); break;
+          case 3: pv_heads<T, 3>(p, n[m], rows[m] + t0, off, cnt, o, D, first); break;
+          case 2: pv_heads<T, 2>(p, n[m], rows[m] + t0, off, cnt, o, D, first); break;
+          default: pv_heads<T, 1>(p, n[m], rows[m] + t0, off, cnt, o, D, first); break;
         }
       }
     }
@@ -123,12 +130,18 @@ static void attend_members(const float* const* qh, float* const* out, const T* c
       prefetch_rows(rows[m], t0 + 16, std::min(n[m], t0 + 32), 0, bytes);
       score_tiles(m, t0);
     }
+    const int64_t nck = (n[m] + kChunk - 1) / kChunk;
     for (int64_t g = 0; g < GH; ++g) {
-      float* sg = scores[m] + g * n[m];
-      float mx = -std::numeric_limits<float>::infinity();
-      for (int64_t t = 0; t < n[m]; ++t) mx = std::max(mx, sg[t]);
-      const float inv = v_mul / exp_shifted_sum(sg, n[m], mx);
-      for (int64_t t = 0; t < n[m]; ++t) sg[t] *= inv;
+      for (int64_t c = 0; c < nck; ++c) {
+        float* sg = scores[m] + g * n[m] + c * kChunk;
+        const int64_t len = std::min(kChunk, n[m] - c * kChunk);
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t t = 0; t < len; ++t) mx = std::max(mx, sg[t]);
+        const float sum = exp_shifted_sum(sg, len, mx);
+        const float inv = v_mul / sum;
+        for (int64_t t = 0; t < len; ++t) sg[t] *= inv;
+        if (lse[m] != nullptr) lse[m][c * GH + g] = mx + std::log(sum);
+      }
     }
   }
   prefetch_rows(rows[0], 0, std::min<int64_t>(n[0], 16), voff, bytes);
@@ -141,56 +154,14 @@ static void attend_members(const float* const* qh, float* const* out, const T* c
       prefetch_rows(rows[m], t0 + 16, std::min(n[m], t0 + 32), voff, bytes);
       pv_tiles(m, t0);
     }
+    if (part[m] != nullptr) {
+      const int64_t nck = (n[m] + kChunk - 1) / kChunk;
+      for (int64_t g = 0; g < GH; ++g) merge_chunks(part[m] + g * D, GH * D, lse[m] + g, GH, nck, D, out[m] + g * D);
+    }
   }
 }
 
 #endif
-
-std::vector<AttnItem> attn_items(const int64_t* bt, int64_t MB, const int64_t* sl, int64_t B, int64_t BS,
-                                 int64_t Hkv, int64_t window) {
-  constexpr int64_t kMinShared = 64;
-  const int64_t nth = at::get_num_threads();
-  std::vector<std::vector<int64_t>> groups;
-  std::vector<int64_t> group_shared;
-  std::vector<int64_t> single;
-  std::vector<bool> done(B, false);
-  for (int64_t b = 0; b < B; ++b) {
-    if (done[b]) continue;
-    std::vector<int64_t> g{b};
-    int64_t blocks = MB;
-    for (int64_t c = b + 1; c < B && window <= 0; ++c) {
-      if (done[c] || bt[c * MB] != bt[b * MB]) continue;
-      const int64_t full = std::min(sl[b], sl[c]) / BS;  // blocks wholly inside both contexts
-      int64_t j = 0;
-      while (j < full && bt[c * MB + j] == bt[b * MB + j]) ++j;
-      if (j * BS < kMinShared) continue;
-      g.push_back(c);
-      blocks = std::min(blocks, j);
-    }
-    if (g.size() < 2) {
-      single.push_back(b);
-      continue;
-    }
-    for (int64_t c : g) done[c] = true;
-    groups.push_back(g);
-    group_shared.push_back(blocks * BS);
-  }
-  std::vector<AttnItem> items;
-  const int64_t hpi = static_cast<int64_t>(single.size()) >= 2 * nth ? Hkv : 1;
-  for (int64_t b : single)
-    for (int64_t h0 = 0; h0 < Hkv; h0 += hpi) items.push_back({{b}, h0, hpi, 0});
-  for (size_t i = 0; i < groups.size(); ++i) {
-    const int64_t M = static_cast<int64_t>(groups[i].size());
-    const int64_t want = (2 * nth + Hkv * static_cast<int64_t>(groups.size()) - 1) /
-                         (Hkv * static_cast<int64_t>(groups.size()));
-    const int64_t chunks = std::max<int64_t>(1, std::min(M, want));
-    for (int64_t c = 0; c < chunks; ++c) {
-      std::vector<int64_t> part(groups[i].begin() + c * M / chunks, groups[i].begin() + (c + 1) * M / chunks);
-      for (int64_t h0 = 0; h0 < Hkv; ++h0) items.push_back({part, h0, 1, group_shared[i]});
-    }
-  }
-  return items;
-}
 
 // Decode attention for B sequences (declared, with its parameters, in attention.h).
 template <typename T>
@@ -206,37 +177,73 @@ void attend(const float* q, int64_t q_stride, float* out, int64_t out_stride, co
     std::vector<AttnItem> own;
     if (plan == nullptr) own = attn_items(bt, MB, sl, B, BS, Hkv, window);
     const std::vector<AttnItem>& items = plan != nullptr ? *plan : own;
+    const int64_t Hq = Hkv * G;
+    auto window_of = [&](int64_t b) {  // (first token, tokens) of sequence b's attended context
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, sl[b] - window) : 0;
+      return std::pair<int64_t, int64_t>(lo, sl[b] - lo);
+    };
+    // the chunk items' outputs [chunk][Hq][D] and log-sum-exps [chunk][Hq], per split sequence
+    std::vector<int64_t> split_at(B, -1);
+    int64_t split_floats = 0;
+    for (const AttnItem& it : items) {
+      const int64_t b = it.members[0];
+      if (it.chunk < 0 || split_at[b] >= 0) continue;
+      split_at[b] = split_floats;
+      split_floats += (window_of(b).second + kChunk - 1) / kChunk * Hq * (D + 1);
+    }
+    std::vector<float> split(split_floats);
     at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
-      std::vector<std::vector<float>> scores;
+      std::vector<std::vector<float>> scores, parts, lses;
       std::vector<std::vector<const T*>> rows;
       std::vector<const float*> qh;
-      std::vector<float*> oh, sp;
+      std::vector<float*> oh, sp, pp, lp;
       std::vector<const T* const*> rp;
       std::vector<int64_t> n;
       const int64_t row = Hkv * D;
       for (int64_t i = begin; i < end; ++i) {
         const AttnItem& it = items[i];
-        const int64_t M = static_cast<int64_t>(it.members.size());
-        scores.resize(M);
-        rows.resize(M);
-        qh.resize(M), oh.resize(M), sp.resize(M), rp.resize(M), n.resize(M);
+        const int64_t M = static_cast<int64_t>(it.members.size()), GH = it.hpi * G;
+        scores.resize(M), parts.resize(M), lses.resize(M), rows.resize(M);
+        qh.resize(M), oh.resize(M), sp.resize(M), pp.resize(M), lp.resize(M), rp.resize(M), n.resize(M);
         for (int64_t m = 0; m < M; ++m) {
-          const int64_t b = it.members[m], len = sl[b];
-          const int64_t lo = window > 0 ? std::max<int64_t>(0, len - window) : 0;
-          n[m] = len - lo;
-          scores[m].resize(it.hpi * G * n[m]);
+          const int64_t b = it.members[m];
+          const auto [lo0, n0] = window_of(b);
+          const int64_t lo = it.chunk < 0 ? lo0 : lo0 + it.chunk * kChunk;  // this item's tokens
+          const int64_t hi = it.chunk < 0 ? lo0 + n0 : std::min(lo0 + n0, lo + kChunk);
+          n[m] = hi - lo;
+          scores[m].resize(GH * n[m]);
           rows[m].resize(n[m]);
-          for (int64_t t = lo; t < len; ++t)
+          for (int64_t t = lo; t < hi; ++t)
             rows[m][t - lo] = kc + (bt[b * MB + t / BS] * BS + t % BS) * row + it.h0 * D;
           qh[m] = q + b * q_stride + it.h0 * G * D;
-          oh[m] = out + b * out_stride + it.h0 * G * D;
           sp[m] = scores[m].data();
           rp[m] = rows[m].data();
+          const int64_t nck = (n[m] + kChunk - 1) / kChunk;
+          if (it.chunk >= 0) {  // one chunk of a split sequence: into its slots, merged below
+            float* chunks = split.data() + split_at[b];
+            const int64_t all = (n0 + kChunk - 1) / kChunk;
+            oh[m] = chunks + it.chunk * Hq * D + it.h0 * G * D;
+            lp[m] = chunks + all * Hq * D + it.chunk * Hq + it.h0 * G;
+            pp[m] = nullptr;
+          } else {
+            oh[m] = out + b * out_stride + it.h0 * G * D;
+            parts[m].resize(nck > 1 ? nck * GH * D : 0);
+            lses[m].resize(nck > 1 ? nck * GH : 0);
+            pp[m] = nck > 1 ? parts[m].data() : nullptr;
+            lp[m] = nck > 1 ? lses[m].data() : nullptr;
+          }
         }
         attend_members<T>(qh.data(), oh.data(), rp.data(), n.data(), M, it.shared, vc - kc, it.hpi, G, D,
-                          sc * k_mul, v_mul, sp.data());
+                          sc * k_mul, v_mul, sp.data(), pp.data(), lp.data());
       }
     });
+    for (int64_t b = 0; b < B; ++b) {  // the split sequences' chunks, merged as attend_members merges
+      if (split_at[b] < 0) continue;
+      const int64_t all = (window_of(b).second + kChunk - 1) / kChunk;
+      const float* chunks = split.data() + split_at[b];
+      for (int64_t h = 0; h < Hq; ++h)
+        merge_chunks(chunks + h * D, Hq * D, chunks + all * Hq * D + h, Hq, all, D, out + b * out_stride + h * D);
+    }
     return;
   }
 #endif

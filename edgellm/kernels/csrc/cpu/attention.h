@@ -8,18 +8,34 @@
 
 namespace edgellm::cpu {
 
+// A sequence's softmax runs over chunks of kChunk context tokens (from its window's start), each
+// with its own max and sum, merged at the end by their log-sum-exps (merge_chunks): the chunks of
+// a long context can then run on different threads (flash-decoding), and since the chunks are
+// fixed by the sequence's own length, its result is the same whichever way the work is split,
+// alone or in any batch. A multiple of 16 (the kernels' token tiles).
+constexpr int64_t kChunk = 512;
+
 // Work items of attend(): sequences that share at least kMinShared leading context tokens as the
 // same pages (a cached system prompt) go together, one kv head per item, split into enough
-// member chunks for the threads; the rest one sequence each (with all its kv heads when there are
-// enough sequences for the threads: its K/V tokens are then read as whole contiguous rows).
+// member chunks for the threads, each member's chunks merged inside the item; the rest one
+// sequence each (with all its kv heads when there are enough sequences for the threads: its K/V
+// tokens are then read as whole contiguous rows), one item per kChunk chunk of its context
+// (`chunk`; -1: the whole context, one chunk), merged after all items ran.
 struct AttnItem {
   std::vector<int64_t> members;
   int64_t h0, hpi, shared;
+  int64_t chunk = -1;
 };
 
 // The work items for B sequences' block tables [B, MB] and context lengths (window <= 0: none).
 std::vector<AttnItem> attn_items(const int64_t* bt, int64_t MB, const int64_t* sl, int64_t B, int64_t BS,
                                  int64_t Hkv, int64_t window);
+
+// One query head's output from its nck chunks' outputs (each normalized by its own sum; chunk c's
+// D floats at part + c * part_stride) and log-sum-exps (lse[c * lse_stride]): the chunks weighted
+// by exp(lse_c - max) / sum, in chunk order, into out[0, D).
+void merge_chunks(const float* part, int64_t part_stride, const float* lse, int64_t lse_stride, int64_t nck,
+                  int64_t D, float* out);
 
 // Decode attention for B sequences, one query token each. q row b at q + b * q_stride (Hq heads of
 // D), output row b at out + b * out_stride. K/V pages: kc / vc [NB, BS, Hkv, D] (fp32, fp16, or fp8
