@@ -10,7 +10,7 @@ import torch
 
 from edgellm.config import EngineConfig, kv_cache_torch_dtype
 from edgellm.kernels import cpu_native
-from tests.helpers.fused_paths import decode_both_ways, logprob_gap
+from tests.helpers.fused_paths import check_fused_against_layers
 
 
 @pytest.mark.parametrize(
@@ -54,19 +54,9 @@ def test_fused_decode_with_an_fp16_cache(tiny_dir, arch):
     value to the neighbouring fp16 number (a relative 2^-11): measured gaps ~1e-6, where a wrong
     page, a truncating conversion or a stale slot moves logprobs by 1e-2 and more. (Gemma 3: its
     sliding-window layers keep their own pool of pages.)"""
-    from edgellm import LLM
-
     assert cpu_native.load() is not None, "the C++ CPU kernels did not build"
     path, _ = tiny_dir(arch)
-    llm = LLM(str(path), kv_cache_memory=1 << 20, cpu_quant="fast", kv_cache_dtype="fp16",
-              enable_prefix_caching=False)
-    assert {a.kv_cache.dtype for a in llm.engine.model.attention_layers()} == {torch.float16}
-    g = torch.Generator().manual_seed(11)
-    prompts = [torch.randint(3, 300, (n,), generator=g).tolist() for n in (7, 26)]
-    got, want, ran = decode_both_ways(llm, prompts, 28)
-    assert any(ran)
-    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
-    assert logprob_gap(got, want) < 1e-3
+    check_fused_against_layers(path, "fp16", torch.float16, 11, (7, 26), 28, 1e-3)
 
 
 def test_an_fp16_cache_stays_within_its_rounding_of_the_fp32_one(tiny_dir):

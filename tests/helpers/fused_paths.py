@@ -41,3 +41,23 @@ def logprob_gap(got, want) -> float:
     """The largest difference of the sampled tokens' logprobs between two runs' outputs."""
     return max(abs(a[0] - b[0]) for g, w in zip(got, want)
                for a, b in zip(g.outputs[0].logprobs, w.outputs[0].logprobs))
+
+
+def check_fused_against_layers(path, kv_cache_dtype: str, cache_dtype, seed: int, lengths, max_tokens: int,
+                               max_gap: float) -> None:
+    """A tiny checkpoint in mode fast with that KV cache (`cache_dtype` its pages), random prompts
+    of `lengths` tokens greedily decoded both ways: the fused pass ran, the tokens are the same
+    and the sampled tokens' logprobs differ by less than max_gap."""
+    import torch
+
+    from edgellm import LLM
+
+    llm = LLM(str(path), kv_cache_memory=1 << 20, cpu_quant="fast", kv_cache_dtype=kv_cache_dtype,
+              enable_prefix_caching=False)
+    assert {a.kv_cache.dtype for a in llm.engine.model.attention_layers()} == {cache_dtype}
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(3, 300, (n,), generator=g).tolist() for n in lengths]
+    got, want, ran = decode_both_ways(llm, prompts, max_tokens)
+    assert any(ran)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    assert logprob_gap(got, want) < max_gap

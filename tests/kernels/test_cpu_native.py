@@ -24,7 +24,7 @@ from edgellm.models.fused_decode import (
     LINEAR_TINYGEMM,
     META_PER_LAYER,
 )
-from tests.helpers.fused_paths import decode_both_ways, logprob_gap
+from tests.helpers.fused_paths import check_fused_against_layers, decode_both_ways, logprob_gap
 from tests.helpers.quant_tiny import quantize_checkpoint
 
 
@@ -323,18 +323,8 @@ def test_fused_decode_with_an_fp8_cache(built, tiny_dir, arch):
     noise before rounding, and with 3 mantissa bits a value that close to a rounding boundary lands
     on the neighbouring code: measured gaps 1e-5 to 1.4e-4, where a wrong rounding mode or decode
     moves logprobs by 1e-2 and more."""
-    from edgellm import LLM
-
     path, _ = tiny_dir(arch)
-    llm = LLM(str(path), kv_cache_memory=1 << 20, cpu_quant="fast", kv_cache_dtype="fp8",
-              enable_prefix_caching=False)
-    assert llm.engine.model.attention_layers()[0].kv_cache.dtype == torch.float8_e4m3fn
-    g = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(3, 300, (n,), generator=g).tolist() for n in (6, 21)]
-    got, want, ran = decode_both_ways(llm, prompts, 24)
-    assert any(ran)
-    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
-    assert logprob_gap(got, want) < 1e-3
+    check_fused_against_layers(path, "fp8", torch.float8_e4m3fn, 3, (6, 21), 24, 1e-3)
 
 
 def test_fused_decode_is_not_built_for_act_order_int4(built, tiny_dir, tmp_path):
