@@ -32,7 +32,7 @@ import yaml
 DEFAULT_SOURCE = "default"
 DEFAULT_SERVED_NAME = "smollm2-135m-instruct"
 QUANTIZATIONS = ("auto", "none", "awq", "gptq", "int8", "fp8", "gguf", "compressed-tensors")
-# auto: the model dtype (on CPU an fp32 model in mode auto keeps fp16: edgellm/config.py)
+# auto: the model dtype, but fp16 pages on CPU where integer dots run (config.kv_cache_torch_dtype)
 KV_CACHE_DTYPES = ("auto", "fp32", "float32", "fp16", "float16", "fp8", "fp8_e4m3")
 _KEYS = (
     "source",

@@ -41,8 +41,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--kv-cache-dtype",
         default="auto",
         choices=KV_CACHE_DTYPES,
-        help="auto: the model's dtype, except fp16 for an fp32 model on CPU in --cpu-quant auto; "
-        "fp16: half the bytes of fp32 (F16C converts on the CPU); fp8: e4m3 with per-layer scales",
+        help="auto: the model's dtype, except fp16 on CPU where --cpu-quant auto runs integer dots "
+        "(quantized weights); fp16: half the bytes of fp32 (F16C converts on the CPU); fp32; "
+        "fp8: e4m3 with per-layer scales",
     )
     g.add_argument(
         "--kv-cache-memory",
