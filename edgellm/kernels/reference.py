@@ -78,33 +78,64 @@ def int_linear_ref(
 N16 = 16  # output rows per tile of the n16 layout
 
 
+def n16_zero(bits: int) -> int:
+    """What the n16 layout adds to a code to store it unsigned: 0 for int4, 2^(bits - 1) else."""
+    return 0 if bits == 4 else 1 << (bits - 1)
+
+
+def n16_block_bytes(bits: int) -> int:
+    """Bytes of one 32-column block of an n16 tile: 256 (int4), 320 (5 bits), 384 (6), 512 (8)."""
+    return {4: 256, 5: 320, 6: 384, 8: 512}[bits]
+
+
+def n16_bits(codes: torch.Tensor) -> int:
+    """The narrowest n16 storage of int8 codes: 5 bits for codes within -16..15, 6 within
+    -32..31, else 8."""
+    lo, hi = (int(codes.min()), int(codes.max())) if codes.numel() else (0, 0)
+    for bits in (5, 6):
+        if -n16_zero(bits) <= lo and hi < n16_zero(bits):
+            return bits
+    return 8
+
+
 def pack_int_n16_ref(q: torch.Tensor, bits: int) -> torch.Tensor:
-    """codes [N, K] (int4: 0..15; int8: -128..127) -> the n16 layout qgemm_n16.h reads,
-    [ceil(N / 16), K / 32, 256 (int4) | 512 (int8)] uint8: per tile of 16 output rows and
-    32-column block, e[r * 64 + n * 4 + j] = code(16 t + n, 32 b + 4 r + j) (int8: + 128);
-    int4 packs byte i = e[i] | e[i + 256] << 4. Rows past N hold 0."""
+    """codes [N, K] (int4: 0..15; 5 / 6 bits: -16..15 / -32..31; int8: -128..127) -> the n16
+    layout qgemm_n16.h reads, [ceil(N / 16), K / 32, n16_block_bytes(bits)] uint8: per tile of 16
+    output rows and 32-column block, e[r * 64 + n * 4 + j] = code(16 t + n, 32 b + 4 r + j) +
+    n16_zero(bits); int4 packs byte i = e[i] | e[i + 256] << 4; 5 / 6 bits store those bytes of
+    e's low nibbles, then per higher bit c (4, then 5) a 64-byte plane whose byte j holds bit c of
+    e[64 k + j] in its bit k. Rows past N hold stored code 0."""
     n, k = q.shape
     nt = -(-n // N16)
     e = torch.zeros(nt * N16, k, dtype=torch.int16)
-    e[:n] = q.to(torch.int16) + (128 if bits == 8 else 0)
+    e[:n] = q.to(torch.int16) + n16_zero(bits)
     e = (
         e.reshape(nt, N16, k // ACT_BLOCK, 8, 4)
         .permute(0, 2, 3, 1, 4)
         .reshape(nt, k // ACT_BLOCK, 512)
     )
-    if bits == 4:
-        e = e[..., :256] | (e[..., 256:] << 4)
-    return e.to(torch.uint8).contiguous()
+    if bits == 8:
+        return e.to(torch.uint8).contiguous()
+    parts = [(e[..., :256] & 15) | ((e[..., 256:] & 15) << 4)]
+    rows = e.reshape(nt, k // ACT_BLOCK, 8, 64)  # [.., layout row k, byte j]
+    weights = (1 << torch.arange(8, dtype=torch.int16))[:, None]
+    for bit in range(4, bits):
+        parts.append((((rows >> bit) & 1) * weights).sum(-2))
+    return torch.cat(parts, -1).to(torch.uint8).contiguous()
 
 
 def unpack_int_n16_ref(packed: torch.Tensor, n: int, bits: int) -> torch.Tensor:
     """pack_int_n16_ref's codes back: [n, K] int16."""
     nt, nb, _ = packed.shape
     e = packed.to(torch.int16)
-    if bits == 4:
-        e = torch.cat((e & 15, e >> 4), -1)
-    else:
-        e = e - 128
+    if bits != 8:
+        codes = torch.cat((e[..., :256] & 15, e[..., :256] >> 4), -1)
+        for i, bit in enumerate(range(4, bits)):
+            plane = e[..., 256 + 64 * i : 320 + 64 * i]  # [.., 64]
+            high = (plane[..., None, :] >> torch.arange(8, dtype=torch.int16)[:, None]) & 1
+            codes = codes | (high.reshape(nt, nb, 512) << bit)
+        e = codes
+    e = e - n16_zero(bits)
     return e.reshape(nt, nb, 8, N16, 4).permute(0, 3, 1, 2, 4).reshape(nt * N16, nb * ACT_BLOCK)[:n]
 
 

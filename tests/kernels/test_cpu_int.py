@@ -54,14 +54,16 @@ def native(request):
 SHAPES16 = [(1, 96, 37, 16), (3, 64, 21, 16), (17, 160, 11, 16), (2, 32, 5, 16)]
 
 
+# the codes each storage holds (5 and 6 bits: int8 codes the n16 layout stores narrow)
+CODE_RANGE = {4: (0, 15), 5: (-16, 15), 6: (-32, 31), 8: (-128, 127)}
+
+
 def _case(m: int, k: int, n: int, group: int, bits: int, half: bool, seed: int, offsets: bool = True):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(m, k, generator=g) * torch.rand(m, 1, generator=g) * 4
     x[:, ::7] *= 20  # outliers inside blocks: the blocks' steps differ widely
-    if bits == 4:
-        q = torch.randint(0, 16, (n, k), generator=g)
-    else:
-        q = torch.randint(-128, 128, (n, k), generator=g)
+    lo, hi = CODE_RANGE[bits]
+    q = torch.randint(lo, hi + 1, (n, k), generator=g)
     offset = torch.randn(n, k // group, generator=g) if offsets or bits == 4 else None
     scale = torch.rand(n, k // group, generator=g) * 0.1 + 0.01
     if half:
@@ -112,12 +114,25 @@ def test_activation_sums_per_half_block(native, shape):
 # int4: always an offset (zero points, Q4_1/Q4_K minima); int8 with and without (Q5_1/Q5_K/Q2_K
 # minima); groups of 16 for int8 only (int4 rejects them: test_zero_rows_and_bad_shapes)
 CASES = ([(s, 4, True) for s in SHAPES] + [(s, 8, o) for s in SHAPES + SHAPES16 for o in (False, True)])
+# int8 codes stored in 5 or 6 bits (the n16 layout only)
+NARROW = [(s, b, o) for b in (5, 6) for s in SHAPES + SHAPES16 for o in (False, True)]
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("half", [False, True])
 @pytest.mark.parametrize("shape,bits,offsets", CASES)
 def test_int_linear_matches_the_reference(native, shape, bits, offsets, half, layout):
+    _check_against_reference(native, shape, bits, offsets, half, layout)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS[1:])
+@pytest.mark.parametrize("half", [False, True])
+@pytest.mark.parametrize("shape,bits,offsets", NARROW)
+def test_narrow_codes_match_the_reference(native, shape, bits, offsets, half, layout):
+    _check_against_reference(native, shape, bits, offsets, half, layout)
+
+
+def _check_against_reference(native, shape, bits, offsets, half, layout):
     m, k, n, group = shape
     x, q, scale, offset, bias = _case(m, k, n, group, bits, half, seed=n * 31 + bits, offsets=offsets)
     y = _run(native, x, q, scale, offset, bits, group, bias, layout)
@@ -139,17 +154,22 @@ def test_int_linear_matches_the_reference(native, shape, bits, offsets, half, la
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("bits,sign", [(4, 1), (4, -1), (8, 1), (8, -1)])
-def test_extreme_codes_do_not_saturate(native, bits, sign, layout):
+@pytest.mark.parametrize("bits,sign,group", [(b, s, g) for b in (4, 5, 6, 8) for s in (1, -1) for g in (16, 32)
+                                             if not (b == 4 and g == 16)])
+def test_extreme_codes_do_not_saturate(native, bits, sign, group, layout):
     """The largest sums the 16-bit steps can meet: every weight code at its extreme (int4 15,
-    int8 -128) times activations whose codes are all +-127 (a constant row; the last row mixes
-    signs block by block). vpmaddubsw saturates at 2^15 - 1, so any overflow shows as a wrong
-    sum; every path must equal the reference exactly up to fp32 summation noise."""
-    m, k, n, group = 5, 256, 21, 32
+    5 / 6 bits 15 / 31 (stored 31 / 63), int8 -128) times activations whose codes are all +-127
+    (a constant row; the last row mixes signs block by block). vpmaddubsw saturates at 2^15 - 1,
+    so any overflow shows as a wrong sum; every path must equal the reference exactly up to fp32
+    summation noise."""
+    if layout == "rows" and bits in (5, 6):
+        layout = "n16"  # narrow codes exist in the n16 layout only
+    m, k, n = 5, 256, 21
+    lo, hi = CODE_RANGE[bits]
     x = torch.full((m, k), 0.7 * sign)
     x[-1] *= torch.tensor([1.0, -1.0]).repeat_interleave(ACT_BLOCK).repeat(k // (2 * ACT_BLOCK))
-    q = torch.full((n, k), 15 if bits == 4 else -128)
-    q[1::2, ::3] = 0 if bits == 4 else 127  # some rows not constant
+    q = torch.full((n, k), hi if bits in (4, 5, 6) else lo)
+    q[1::2, ::3] = lo if bits in (4, 5, 6) else hi  # some rows not constant
     scale = torch.rand(n, k // group) * 0.1 + 0.01
     offset = torch.randn(n, k // group)
     y = _run(native, x, q, scale, offset, bits, group, None, layout)
@@ -166,18 +186,22 @@ def test_int4_block_packing_round_trips():
     assert int(packed[0, 0]) == int(q[0, 0]) | (int(q[0, 16]) << 4)
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [4, 5, 6, 8])
 def test_n16_packing_round_trips(bits):
     n, k = 37, 96  # a partial last tile of 5 rows
-    q = torch.randint(0, 16, (n, k)) if bits == 4 else torch.randint(-128, 128, (n, k))
+    lo, hi = CODE_RANGE[bits]
+    q = torch.randint(lo, hi + 1, (n, k))
     packed = pack_int_n16_ref(q, bits)
-    assert packed.shape == (3, 3, 256 if bits == 4 else 512) and packed.dtype == torch.uint8
+    assert packed.shape == (3, 3, {4: 256, 5: 320, 6: 384, 8: 512}[bits]) and packed.dtype == torch.uint8
     assert torch.equal(unpack_int_n16_ref(packed, n, bits), q.to(torch.int16))
-    # tile 0, block 1, layout row 2, output 5: columns 32 + 8 .. 32 + 11 of row 5
+    # tile 0, block 1, layout row 6, output 5: columns 32 + 24 .. 32 + 27 of row 5, stored + zero
     e = packed[0, 1].to(torch.int16)
-    if bits == 4:
-        e = torch.cat((e & 15, e >> 4))
-    assert e[2 * 64 + 5 * 4: 2 * 64 + 5 * 4 + 4].tolist() == (q[5, 40:44] + (128 if bits == 8 else 0)).tolist()
+    if bits != 8:
+        e = torch.cat((e[:256] & 15, e[:256] >> 4))
+        for i in range(bits - 4):  # plane byte j, bit 6: bit 4 + i of stored code 6 * 64 + j
+            e = e | (((packed[0, 1, 256 + 64 * i: 320 + 64 * i].to(torch.int16) >> 6) & 1) << (4 + i)).repeat(8)
+    zero = {4: 0, 5: 16, 6: 32, 8: 128}[bits]
+    assert e[6 * 64 + 5 * 4: 6 * 64 + 5 * 4 + 4].tolist() == (q[5, 56:60] + zero).tolist()
     scale = torch.rand(n, 3)
     tiled = tile_n16_ref(scale)
     assert tiled.shape == (3, 3, 16) and torch.equal(tiled[2, 1, :5], scale[32:, 1]) and not tiled[2, :, 5:].any()
@@ -194,7 +218,7 @@ def test_n16_paths_agree_with_the_row_layout(native, rows):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [4, 5, 6, 8])
 def test_n16_rows_do_not_depend_on_the_batch(native, bits):
     """Each row's outputs come out of the same operations whatever rows share its call (decode
     rows one by one, or a prefill chunk of 70 in the many-rows order): bit-equal, not just close,
@@ -215,6 +239,10 @@ def test_n16_zero_rows_and_bad_shapes(native):
         native.int_linear_n16(torch.randn(1, 64), p, s, empty, 4, 32, empty, 40, 0)  # N past the tiles
     with pytest.raises(RuntimeError, match="n16 layout"):
         native.int_linear_n16(torch.randn(1, 64), p, s, empty, 8, 32, empty, 20, 0)  # int4 bytes as int8
+    with pytest.raises(RuntimeError, match="n16 layout"):
+        native.int_linear_n16(torch.randn(1, 64), p, s, empty, 5, 32, empty, 20, 0)  # int4 bytes as 5 bits
+    with pytest.raises(RuntimeError, match="bits must be 4, 5, 6 or 8"):
+        native.int_linear_n16(torch.randn(1, 64), p, s, empty, 7, 32, empty, 20, 0)
     with pytest.raises(RuntimeError, match="group"):
         native.int_linear_n16(torch.randn(1, 64), p, tile_n16_ref(torch.rand(20, 4)), empty, 4, 16, empty, 20, 0)
     with pytest.raises(RuntimeError, match="scale"):

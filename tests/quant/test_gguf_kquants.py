@@ -1,7 +1,8 @@
 """A Q4_K_M-style GGUF (Q4_K linears, Q6_K for v and down in some layers, as llama-quantize's
 Q4_K_M mix does) on a tiny Llama wide enough for 256-weight super-blocks: the exact path equals
 transformers running the file's dequantized weights, and the default CPU mode keeps every linear
-quantized (int4 for all-Q4_K modules, int8 codes for the mixed ones) within the integer-dot bound."""
+quantized (int4 for all-Q4_K modules, int8 codes for the mixed ones, stored in 6 bits: Q4_K's
+0..15 and Q6_K's -32..31 both fit) within the integer-dot bound."""
 
 from __future__ import annotations
 
@@ -56,7 +57,8 @@ def test_auto_mode_keeps_every_k_quant_linear_quantized(kquant):
 
     path, reference, _ = kquant
     model = load_model(resolve_checkpoint(path), torch.float32, cpu_kernels="auto")
-    want_bits = {"model.layers.0.self_attn.qkv_proj": (8, 16), "model.layers.0.mlp.down_proj": (8, 16),
+    # (stored bits, group): the n16 layout (every AVX2 CPU) keeps the mixed modules' codes in 6 bits
+    want_bits = {"model.layers.0.self_attn.qkv_proj": (6, 16), "model.layers.0.mlp.down_proj": (6, 16),
                  "model.layers.1.self_attn.qkv_proj": (4, 32), "model.layers.1.mlp.down_proj": (4, 32)}
     torch.manual_seed(1)
     seen = 0
@@ -99,3 +101,25 @@ def test_auto_mode_generates_like_the_exact_path(kquant):
             top2 = logits[i].topk(2).values
             assert (top2[0] - top2[1]).item() < 0.5, (i, got, want)
             break
+
+
+def test_narrow_codes_decode_bit_for_bit_like_int8_codes(kquant, monkeypatch):
+    """The mixed modules' codes stored in 6 bits give the same sums as stored in 8: greedy decoding
+    through the fused C++ pass (which reads the width from the block size) and through the layers
+    returns the same tokens and the same logprobs, bit for bit, either way."""
+    import edgellm.kernels.reference as reference
+    from tests.helpers.fused_paths import decode_both_ways
+
+    path, _, _ = kquant
+    prompts = [[5, 17, 200, 3, 99, 41, 7, 12], list(range(30, 51))]
+    runs = []
+    for bits in (6, 8):
+        if bits == 8:
+            monkeypatch.setattr(reference, "n16_bits", lambda codes: 8)
+        llm = LLM(str(path), kv_cache_memory=4 << 20, cpu_quant="auto", enable_prefix_caching=False)
+        kernel = llm.engine.model.model.layers[0].self_attn.qkv_proj.kernel
+        assert (kernel.bits, kernel.qweight.shape[-1]) == (bits, {6: 384, 8: 512}[bits])
+        fused, layers, ran = decode_both_ways(llm, prompts, 12)
+        assert any(ran)
+        runs.append([(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in fused + layers])
+    assert runs[0] == runs[1]

@@ -3,7 +3,10 @@
 
 int8 weights (Int8Codes: GGUF Q8_0, and the 5/6-bit and K-quant types unpacked to int8 codes,
 W = scale * q (+ offset) per group of 32, or of 16 for Q6_K/Q3_K/Q2_K) keep their codes as they
-are, the scales (and offsets) in fp16 when lossless; everything below holds for them too.
+are, the scales (and offsets) in fp16 when lossless; everything below holds for them too. In the
+n16 layout, codes within -16..15 (Q5_0) are stored in 5 bits and codes within -32..31 (Q6_K, Q5_1
+and Q5_K's 0..31, Q3_K, Q2_K; IQ4's grid is wider) in 6 bits instead of 8 (`bits`): a decode step
+reads fewer bytes, and the integer sums are the same.
 
 The weight is repacked once at load, interleaved 16 output rows at a time (the n16 layout of
 qgemm_n16.h): the 8 or 16 lanes of a vector accumulator are outputs, summed by vpdpbusd on CPUs
@@ -95,7 +98,12 @@ class CpuIntDotKernel(LinearKernel):
     """int4 or int8 codes x int8 activations (see the module docstring); fp32 models on CPU."""
 
     def __init__(self, codes: Int4Codes | Int8Codes, native: Any, platform: Platform) -> None:
-        from edgellm.kernels.reference import pack_int4_blocks_ref, pack_int_n16_ref, tile_n16_ref
+        from edgellm.kernels.reference import (
+            n16_bits,
+            pack_int4_blocks_ref,
+            pack_int_n16_ref,
+            tile_n16_ref,
+        )
         from edgellm.quant.int_codes import Int8Codes
         from edgellm.quant.linear_kernels.onednn import pack_bf16
 
@@ -107,23 +115,23 @@ class CpuIntDotKernel(LinearKernel):
         self.n, self.k = q.shape
         self.group = codes.group_size
         self.perm = perm
-        self.bits = 8 if isinstance(codes, Int8Codes) else 4
-        if self.bits == 8:
+        int8 = isinstance(codes, Int8Codes)
+        self.n16 = platform.isa.n16  # the interleaved layout (else the row layout)
+        # stored width: int4, int8 codes in the row layout, else the narrowest the n16 layout has
+        self.bits = (n16_bits(q) if self.n16 else 8) if int8 else 4
+        if int8:
             if codes.offsets is None:
                 scale, offset = _compact(codes.scales), _EMPTY
             else:
                 scale, offset = _compact_pair(codes.scales.float(), codes.offsets.float())
         else:
             scale, offset = _compact_pair(*int4_affine(codes))
-        self.n16 = platform.isa.n16  # the interleaved layout (else the row layout)
         if self.n16:
             self.qweight = pack_int_n16_ref(q, self.bits)
             self.scale = tile_n16_ref(scale)
             self.offset = tile_n16_ref(offset) if offset.numel() else _EMPTY
         else:
-            self.qweight = (
-                q.to(torch.int8).contiguous() if self.bits == 8 else pack_int4_blocks_ref(q)
-            )
+            self.qweight = q.to(torch.int8).contiguous() if int8 else pack_int4_blocks_ref(q)
             self.scale, self.offset = scale, offset
         self.max_rows = 1 << 62  # rows up to which the integer dots run (calibrate() lowers it)
         self.amx_rows = 1 << 62  # rows from which the n16 layout runs on AMX tiles (calibrate())

@@ -47,7 +47,9 @@ static at::Tensor linear(const at::Tensor& x, const at::Tensor* t, const int64_t
     return int_linear(x.contiguous(), a, b, c, kind == LINEAR_INT8_DOT ? 8 : 4, group, bias);
   }
   if ((kind == LINEAR_INT_N16 || kind == LINEAR_INT8_N16) && (small || dense.numel() == 0)) {
-    return int_linear_n16(x.contiguous(), a, b, c, kind == LINEAR_INT8_N16 ? 8 : 4, group, bias, m[3], m[4]);
+    // int8 kinds in the n16 layout may hold narrow codes: the block size says how many bits
+    const int64_t bits = kind == LINEAR_INT_N16 ? 4 : a.size(2) == n16_block_bytes(5) ? 5 : a.size(2) == n16_block_bytes(6) ? 6 : 8;
+    return int_linear_n16(x.contiguous(), a, b, c, bits, group, bias, m[3], m[4]);
   }
   at::Tensor y;
   if (kind == LINEAR_TINYGEMM && small) {

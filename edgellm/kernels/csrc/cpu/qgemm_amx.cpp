@@ -3,11 +3,12 @@
 // Per tile of 16 outputs and 16 activation rows, per 32-column block: tdpbsud (signed
 // activations x unsigned codes) of the 16 x 32 activation codes (tile A, read in place, row
 // stride K) and the block's 8 x 64 layout bytes (tile B: the n16 layout is AMX's B operand as
-// it is; int4 codes are unpacked into it once per tile strip) gives the 16 x 16 exact int32 block
-// dots (int8: + 128 x the activation block's code sum, subtracted in integers); they are stored,
+// it is; int4 and 5/6-bit codes are unpacked into it once per tile strip) gives the 16 x 16 exact
+// int32 block dots (int8 and narrow codes: + n16_zero(bits) x the activation block's code sum,
+// subtracted in integers); they are stored,
 // converted and scaled in AVX-512 (scale per output lane, step per row) into 16 fp32
 // accumulators. Two blocks go at a time on two tile sets, so one block's dot runs while the
-// other's sums are scaled. Groups of 16 (int8) take each half block on its own (tiles 3, 4).
+// other's sums are scaled. Groups of 16 (int8, narrow codes) take each half block on its own (tiles 3, 4).
 // Linux grants a process the tile state on request (arch_prctl), asked once; each thread loads
 // the tile configuration at the start of its share of a call and releases it at the end.
 #include "qgemm_n16.h"
@@ -20,6 +21,8 @@
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include "qgemm_n16_zmm_codes.h"
 #define EDGELLM_AMX 1
 #endif
 
@@ -68,9 +71,9 @@ inline void scale_into(__m512 (&acc)[16], const int32_t* c, __m512 sv, const flo
                        const int32_t* lo, const int32_t* hi, int64_t is) {
   for (int m = 0; m < 16; ++m) {
     __m512i v = _mm512_load_si512(c + 16 * m);
-    if constexpr (BITS == 8) {
+    if constexpr (n16_zero(BITS) != 0) {
       const int32_t corr = lo[m * is] + (hi != nullptr ? hi[m * is] : 0);
-      v = _mm512_sub_epi32(v, _mm512_set1_epi32(128 * corr));
+      v = _mm512_sub_epi32(v, _mm512_set1_epi32(n16_zero(BITS) * corr));
     }
     acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(v), sv), _mm512_set1_ps(d[m * ds]), acc[m]);
   }
@@ -172,21 +175,16 @@ template <int BITS, typename S>
 void amx_tiles(const N16Weights<S>& w, int64_t t0, int64_t t1, const QActs& x, int64_t M, float* y,
                const float* bias) {
   static const TileConfig config = make_config();
-  thread_local std::vector<uint8_t> strip;  // a tile's int4 codes unpacked into B tiles
+  thread_local std::vector<uint8_t> strip;  // a tile's int4 / narrow codes unpacked into B tiles
   _tile_loadconfig(&config);
-  if (BITS == 4 && static_cast<int64_t>(strip.size()) < w.nb * 512) strip.resize(w.nb * 512);
-  const __m512i low4 = _mm512_set1_epi8(0x0f);
+  if (BITS != 8 && static_cast<int64_t>(strip.size()) < w.nb * 512) strip.resize(w.nb * 512);
   for (int64_t t = t0; t < t1; ++t) {
     const uint8_t* bt = w.q + t * w.tile_bytes();
-    if constexpr (BITS == 4) {
+    if constexpr (BITS != 8) {
       for (int64_t b = 0; b < w.nb; ++b) {
-        const uint8_t* p = bt + b * 256;
-        uint8_t* o = strip.data() + b * 512;
-        for (int i = 0; i < 4; ++i) {
-          const __m512i raw = _mm512_loadu_si512(p + 64 * i);
-          _mm512_storeu_si512(o + 64 * i, _mm512_and_si512(raw, low4));
-          _mm512_storeu_si512(o + 256 + 64 * i, _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4));
-        }
+        __m512i wv[8];
+        unpack_codes_zmm<BITS>(bt + b * w.block_bytes, wv);
+        for (int i = 0; i < 8; ++i) _mm512_storeu_si512(strip.data() + b * 512 + 64 * i, wv[i]);
       }
       bt = strip.data();
     }

@@ -43,12 +43,12 @@ at::Tensor int_linear_n16(const at::Tensor& x, const at::Tensor& qweight, const 
                           const at::Tensor& offset, int64_t bits, int64_t group, const at::Tensor& bias, int64_t n,
                           int64_t amx_rows) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x: [M, K] fp32, contiguous");
-  TORCH_CHECK(bits == 4 || bits == 8, "bits must be 4 or 8");
+  TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, "bits must be 4, 5, 6 or 8");
   const int64_t M = x.size(0), K = x.size(1);
-  TORCH_CHECK((group == QB / 2 && bits == 8) || (group > 0 && group % QB == 0),
-              "group must be a multiple of 32 (or 16 for int8 codes), got ", group);
+  TORCH_CHECK((group == QB / 2 && bits != 4) || (group > 0 && group % QB == 0),
+              "group must be a multiple of 32 (or 16 for int8 and 5/6-bit codes), got ", group);
   TORCH_CHECK(K % QB == 0 && K % group == 0, "K = ", K, " must be a multiple of 32 and of the group ", group);
-  const int64_t NT = (n + N16 - 1) / N16, nb = K / QB, G = K / group, block_bytes = bits == 4 ? 256 : 512;
+  const int64_t NT = (n + N16 - 1) / N16, nb = K / QB, G = K / group, block_bytes = n16_block_bytes(bits);
   TORCH_CHECK(n > 0 && qweight.dim() == 3 && qweight.size(0) == NT && qweight.size(1) == nb &&
                   qweight.size(2) == block_bytes && qweight.scalar_type() == at::kByte && qweight.is_contiguous(),
               "qweight: [ceil(N / 16), K / 32, ", block_bytes, "] uint8 (the n16 layout), contiguous");
@@ -72,10 +72,11 @@ at::Tensor int_linear_n16(const at::Tensor& x, const at::Tensor& qweight, const 
     const N16Weights<S> w{qweight.data_ptr<uint8_t>(), reinterpret_cast<const S*>(scale.data_ptr()),
                           has_offset ? reinterpret_cast<const S*>(offset.data_ptr()) : nullptr,
                           NT, nb, G, group / QB, n, block_bytes};
-    if (bits == 4) {
-      run<4, S>(w, acts, M, y.data_ptr<float>(), bp, amx);
-    } else {
-      run<8, S>(w, acts, M, y.data_ptr<float>(), bp, amx);
+    switch (bits) {
+      case 4: run<4, S>(w, acts, M, y.data_ptr<float>(), bp, amx); break;
+      case 5: run<5, S>(w, acts, M, y.data_ptr<float>(), bp, amx); break;
+      case 6: run<6, S>(w, acts, M, y.data_ptr<float>(), bp, amx); break;
+      default: run<8, S>(w, acts, M, y.data_ptr<float>(), bp, amx); break;
     }
   };
   if (scale.scalar_type() == at::kFloat) {

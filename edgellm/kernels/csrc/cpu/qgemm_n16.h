@@ -18,17 +18,24 @@ namespace edgellm::cpu {
 // int8 codes stored as code + 128 (unsigned), so AVX-512 VNNI's vpdpbusd and AMX's tdpbsud take
 // them with the signed activations (the + 128 is taken back out exactly, in integers, by the
 // activations' block sums); int4 codes (0..15) packed two to a byte: byte i = e[i] | e[i + 256] << 4.
-// qweight [NT, K / 32, 256 (int4) or 512 (int8)] uint8; scale and offset [NT, G, 16] fp32 or fp16.
+// Narrow int8 codes (5 or 6 bits: GGUF Q5_0/Q6_K and the K-quants as int8 codes) keep the int4
+// bytes for bits 0-3 of e (256 bytes), then one 64-byte plane per higher bit: plane byte j holds
+// bit 4 (and, for 6 bits, the next plane bit 5) of e[64 k + j] in its bit k, k = 0..7 (layout
+// row k). Stored codes are unsigned: e = code + n16_zero(bits) (int8: + 128; 5 bits: + 16; 6
+// bits: + 32; int4: the codes as they are).
+// qweight [NT, K / 32, n16_block_bytes(bits)] uint8; scale and offset [NT, G, 16] fp32 or fp16.
 constexpr int64_t N16 = 16;
+constexpr int64_t n16_block_bytes(int64_t bits) { return bits == 4 ? 256 : bits == 5 ? 320 : bits == 6 ? 384 : 512; }
+constexpr int32_t n16_zero(int bits) { return bits == 4 ? 0 : 1 << (bits - 1); }
 
 template <typename S>
 struct N16Weights {
   const uint8_t* q;
   const S* scale;   // [NT, G, 16]
   const S* offset;  // [NT, G, 16] or nullptr
-  int64_t NT, nb, G, bpg, N;  // bpg: blocks per group (0: groups of 16, int8 only)
+  int64_t NT, nb, G, bpg, N;  // bpg: blocks per group (0: groups of 16, int8/narrow codes only)
   int64_t tile_bytes() const { return nb * block_bytes; }
-  int64_t block_bytes;  // 256 (int4) or 512 (int8)
+  int64_t block_bytes;  // n16_block_bytes(bits)
 };
 
 // A tile is read front to back, one stream per thread: more than the hardware prefetcher keeps in
@@ -41,7 +48,8 @@ inline void prefetch_ahead(const uint8_t* block, int64_t block_bytes) {
 }
 
 // y [M, N] fp32 = x W^T (+ bias) with W as the row layout's contract (qgemm.h) in the n16 layout
-// above; `n` = N. Rows run as AMX tiles when M >= amx_rows and the build and the OS allow AMX,
+// above; `n` = N; bits 4, 5, 6 or 8 (5 and 6: int8 codes within -16..15 or -32..31, stored narrow).
+// Rows run as AMX tiles when M >= amx_rows and the build and the OS allow AMX,
 // else by VNNI dot products (AVX-512 VNNI or AVX-VNNI builds), AVX2's vpmaddubsw or scalar code;
 // the integer block dots are exact either way, so every path returns the same sums up to fp32 summation order.
 at::Tensor int_linear_n16(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
@@ -58,9 +66,17 @@ template <int BITS, typename S>
 void n16_tiles(const N16Weights<S>& w, int64_t t0, int64_t t1, const QActs& x, int64_t M, float* y,
                const float* bias);
 
-// Explicit instantiations of a tile function with n16_tiles' signature for the four (bits, scale
-// type) pairs the op dispatches to; each defining file names its function once.
+// Explicit instantiations of a tile function with n16_tiles' signature for the (bits, scale type)
+// pairs the op dispatches to; each defining file names its function once.
 #define EDGELLM_N16_INSTANTIATE(fn)                                                                      \
+  template void fn<5, float>(const N16Weights<float>&, int64_t, int64_t, const QActs&, int64_t, float*, \
+                             const float*);                                                            \
+  template void fn<5, c10::Half>(const N16Weights<c10::Half>&, int64_t, int64_t, const QActs&, int64_t, \
+                                 float*, const float*);                                                \
+  template void fn<6, float>(const N16Weights<float>&, int64_t, int64_t, const QActs&, int64_t, float*, \
+                             const float*);                                                            \
+  template void fn<6, c10::Half>(const N16Weights<c10::Half>&, int64_t, int64_t, const QActs&, int64_t, \
+                                 float*, const float*);                                                \
   template void fn<4, float>(const N16Weights<float>&, int64_t, int64_t, const QActs&, int64_t, float*, \
                              const float*);                                                            \
   template void fn<4, c10::Half>(const N16Weights<c10::Half>&, int64_t, int64_t, const QActs&, int64_t, \

@@ -11,7 +11,11 @@
 //     block and row gives the block's int32 sums;
 //   int8 (stored code + 128): the code is taken back to signed by flipping its top bit, and the
 //     sign trick makes vpmaddubsw's operands |w| and sign(a, w) (each pair at most
-//     2 * 128 * 127 = 32512), one vpmaddwd per layout row.
+//     2 * 128 * 127 = 32512), one vpmaddwd per layout row;
+//   5/6-bit (stored code + 16 / + 32, so 0..63): the stored codes times the activations, two
+//     layout rows added in 16 bits (each lane at most 2 * 2 * 63 * 127 = 32004 < 2^15), one
+//     vpmaddwd per two rows, into int32 sums that start at -n16_zero(bits) * (the activations'
+//     code sum).
 // Each block's int32 sums are converted and scaled by one FMA (groups of 16: two); offsets add
 // offset * dsum per group; the last tile's rows past N are masked out of the store.
 #include "qgemm_n16.h"
@@ -51,6 +55,18 @@ void half_rows(const N16Weights<S>& w, int64_t t, int64_t h, const QActs& x, int
   auto codes8 = [&](const uint8_t* p, int j, int r) {
     return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * r + 32 * j)), top);
   };
+  // 5/6 bits: add layout rows r and r + 1's products (half j, block p) for the R rows into s[m]
+  auto dot_narrow = [&](__m256i* s, const uint8_t* p, int j, int r, int64_t col) {
+    const __m256i c0 = ymm::codes_ymm<BITS>(p, j, r), c1 = ymm::codes_ymm<BITS>(p, j, r + 1);
+    for (int m = 0; m < R; ++m) {
+      const __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(c0, bcast4(xa[m] + col)),
+                                           _mm256_maddubs_epi16(c1, bcast4(xa[m] + col + 4)));
+      s[m] = _mm256_add_epi32(s[m], _mm256_madd_epi16(p16, ones));
+      in_register(s[m]);
+    }
+  };
+  constexpr int32_t Z = n16_zero(BITS);
+  const int32_t* isum = x.isum + m0 * 2 * x.nb;  // row m's half-block sums: isum + m * 2 * nb
   // int8: add layout row r's products for the R rows into s[m] (int32)
   auto dot8 = [&](__m256i* s, const __m256i c, int64_t col) {
     const __m256i mag = _mm256_sign_epi8(c, c);
@@ -65,15 +81,26 @@ void half_rows(const N16Weights<S>& w, int64_t t, int64_t h, const QActs& x, int
   for (int64_t b = 0, left = 0, g = 0; b < w.nb; ++b) {
     const uint8_t* p = base + b * w.block_bytes;
     prefetch_ahead(p, w.block_bytes);
-    if constexpr (BITS == 8) {
+    if constexpr (BITS != 4) {
       if (w.bpg == 0) {  // groups of 16: each half block (layout rows 0-3, 4-7) has its own scales
         for (int j = 0; j < H; ++j) {
           const __m256 s_lo = load8(scales + 2 * b * N16 + j * HALF), s_hi = load8(scales + (2 * b + 1) * N16 + j * HALF);
           __m256i lo[R], hi[R];
-          for (int m = 0; m < R; ++m) lo[m] = hi[m] = _mm256_setzero_si256();
-          for (int r = 0; r < 4; ++r) {
-            dot8(lo, codes8(p, j, r), b * QB + 4 * r);
-            dot8(hi, codes8(p, j, r + 4), b * QB + 16 + 4 * r);
+          for (int m = 0; m < R; ++m) {
+            lo[m] = _mm256_set1_epi32(-Z * isum[m * 2 * x.nb + 2 * b]);
+            hi[m] = _mm256_set1_epi32(-Z * isum[m * 2 * x.nb + 2 * b + 1]);
+          }
+          if constexpr (BITS == 8) {
+            for (int m = 0; m < R; ++m) lo[m] = hi[m] = _mm256_setzero_si256();  // the sign trick: no start
+            for (int r = 0; r < 4; ++r) {
+              dot8(lo, codes8(p, j, r), b * QB + 4 * r);
+              dot8(hi, codes8(p, j, r + 4), b * QB + 16 + 4 * r);
+            }
+          } else {
+            for (int r = 0; r < 4; r += 2) {
+              dot_narrow(lo, p, j, r, b * QB + 4 * r);
+              dot_narrow(hi, p, j, r + 4, b * QB + 16 + 4 * r);
+            }
           }
           for (int m = 0; m < R; ++m) {
             const __m256 dm = _mm256_set1_ps(x.d[(m0 + m) * x.nb + b]);
@@ -104,9 +131,13 @@ void half_rows(const N16Weights<S>& w, int64_t t, int64_t h, const QActs& x, int
           }
         }
         for (int m = 0; m < R; ++m) s[j][m] = _mm256_madd_epi16(s[j][m], ones);
-      } else {
+      } else if constexpr (BITS == 8) {
         for (int m = 0; m < R; ++m) s[j][m] = _mm256_setzero_si256();
         for (int r = 0; r < 8; ++r) dot8(s[j], codes8(p, j, r), b * QB + 4 * r);
+      } else {
+        for (int m = 0; m < R; ++m)
+          s[j][m] = _mm256_set1_epi32(-Z * (isum[m * 2 * x.nb + 2 * b] + isum[m * 2 * x.nb + 2 * b + 1]));
+        for (int r = 0; r < 8; r += 2) dot_narrow(s[j], p, j, r, b * QB + 4 * r);
       }
     }
     for (int m = 0; m < R; ++m) {

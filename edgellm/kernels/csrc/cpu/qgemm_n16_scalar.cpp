@@ -16,8 +16,11 @@ inline float scalar_of(c10::Half v) { return static_cast<float>(v); }
 template <int BITS>
 inline int32_t code_at(const uint8_t* block, int64_t n, int64_t k) {
   const int64_t e = (k / 4) * 64 + n * 4 + k % 4;
-  if constexpr (BITS == 4) return e < 256 ? (block[e] & 15) : (block[e - 256] >> 4);
-  return static_cast<int32_t>(block[e]) - 128;
+  if constexpr (BITS == 8) return static_cast<int32_t>(block[e]) - 128;
+  int32_t c = e < 256 ? (block[e] & 15) : (block[e - 256] >> 4);
+  if constexpr (BITS >= 5) c |= ((block[256 + e % 64] >> (e / 64)) & 1) << 4;
+  if constexpr (BITS == 6) c |= ((block[320 + e % 64] >> (e / 64)) & 1) << 5;
+  return c - n16_zero(BITS);
 }
 
 }  // namespace

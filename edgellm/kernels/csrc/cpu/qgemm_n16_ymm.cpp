@@ -9,7 +9,7 @@
 // activation rows of the pass: MR rows over one half at a time, or the last few rows over both
 // halves at once, so the int32 sums and fp32 accumulators stay within AVX2's 16 registers. Each
 // row adds vpdpbusd(codes_r, 4 activation bytes broadcast) into an int32 sum that starts at
-// -128 * (the block's code sum) for int8, converted and scaled by one FMA per block; offsets add
+// -n16_zero(bits) * (the activations' code sum) (int8 and narrow codes), converted and scaled by one FMA per block; offsets add
 // offset * dsum per group; the last tile's rows past N are masked out of the store.
 #include "qgemm_n16.h"
 
@@ -38,29 +38,21 @@ void half_rows(const N16Weights<S>& w, int64_t t, int64_t h, const QActs& x, int
   __m256 acc[H][R];
   for (int j = 0; j < H; ++j)
     for (int m = 0; m < R; ++m) acc[j][m] = _mm256_setzero_ps();
-  const __m256i low4 = _mm256_set1_epi8(0x0f);
-  // codes of layout row r (0..7) for half j of block p
-  auto codes = [&](const uint8_t* p, int j, int r) {
-    if constexpr (BITS == 4) {
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * (r & 3) + 32 * j));
-      return r < 4 ? _mm256_and_si256(raw, low4) : _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-    } else {
-      return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * r + 32 * j));
-    }
-  };
+  constexpr int32_t Z = n16_zero(BITS);
+  auto codes = [](const uint8_t* p, int j, int r) { return ymm::codes_ymm<BITS>(p, j, r); };
   __m256 sv[H];
   for (int j = 0; j < H; ++j) sv[j] = _mm256_setzero_ps();
   for (int64_t b = 0, left = 0, g = 0; b < w.nb; ++b) {
     const uint8_t* p = base + b * w.block_bytes;
     prefetch_ahead(p, w.block_bytes);
-    if (w.bpg == 0) {  // groups of 16 (int8): each half block has its own scales
+    if (w.bpg == 0) {  // groups of 16 (int8 / narrow codes): each half block has its own scales
       for (int j = 0; j < H; ++j) {
         const __m256 s_lo = load8(scales + 2 * b * N16 + j * HALF), s_hi = load8(scales + (2 * b + 1) * N16 + j * HALF);
         __m256i lo[R], hi[R];
         for (int m = 0; m < R; ++m) {
           const int32_t* is = x.isum + (m0 + m) * 2 * x.nb + 2 * b;
-          lo[m] = _mm256_set1_epi32(-128 * is[0]);
-          hi[m] = _mm256_set1_epi32(-128 * is[1]);
+          lo[m] = _mm256_set1_epi32(-Z * is[0]);
+          hi[m] = _mm256_set1_epi32(-Z * is[1]);
         }
         for (int r = 0; r < 4; ++r) {
           const __m256i c_lo = codes(p, j, r), c_hi = codes(p, j, r + 4);
@@ -85,9 +77,9 @@ void half_rows(const N16Weights<S>& w, int64_t t, int64_t h, const QActs& x, int
     __m256i s[H][R];
     for (int m = 0; m < R; ++m) {
       __m256i start = _mm256_setzero_si256();
-      if constexpr (BITS == 8) {
+      if constexpr (Z != 0) {
         const int32_t* is = x.isum + (m0 + m) * 2 * x.nb + 2 * b;
-        start = _mm256_set1_epi32(-128 * (is[0] + is[1]));
+        start = _mm256_set1_epi32(-Z * (is[0] + is[1]));
       }
       for (int j = 0; j < H; ++j) s[j][m] = start;
     }

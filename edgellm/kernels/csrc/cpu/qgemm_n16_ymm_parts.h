@@ -24,6 +24,30 @@ inline __m256i bcast4(const int8_t* p) {  // 4 activation bytes to every lane
   std::memcpy(&v, p, 4);
   return _mm256_set1_epi32(v);
 }
+// Layout row r's stored codes for half j (bytes 32 j .. 32 j + 31 of the row) of the block at p
+// (qgemm_n16.h): int4 nibbles, int8 bytes, or the nibbles with bit 4 (and 5) from the planes, bit
+// r of each plane byte shifted into place (a 16-bit shift by 4 - r or 5 - r: the bits it carries
+// across a byte boundary land outside the mask).
+template <int BITS>
+inline __m256i codes_ymm(const uint8_t* p, int j, int r) {
+  auto at = [&](int64_t off) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + off + 32 * j)); };
+  if constexpr (BITS == 8) {
+    return at(64 * r);
+  } else {
+    const __m256i low4 = _mm256_set1_epi8(0x0f), raw = at(64 * (r & 3));
+    __m256i c = _mm256_and_si256(r < 4 ? raw : _mm256_srli_epi16(raw, 4), low4);
+    auto plane_bit = [&](int64_t off, int bit) {  // bit `bit` of the codes from the plane at p + off
+      const __m256i pl = at(off);
+      const int sh = bit - r;
+      const __m256i v = sh >= 0 ? _mm256_slli_epi16(pl, sh) : _mm256_srli_epi16(pl, -sh);
+      return _mm256_and_si256(v, _mm256_set1_epi8(static_cast<char>(1 << bit)));
+    };
+    if constexpr (BITS >= 5) c = _mm256_or_si256(c, plane_bit(256, 4));
+    if constexpr (BITS == 6) c = _mm256_or_si256(c, plane_bit(320, 5));
+    return c;
+  }
+}
+
 inline __m256i lane_mask(int64_t valid) {  // lanes [0, valid) all ones
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(valid)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }

@@ -1,8 +1,8 @@
 // The n16 integer-dot tiles on AVX-512 VNNI (the contract: qgemm_n16.h; built for levels avx512 + vnni
 // and amx): a tile's 16 outputs are the 16 int32 lanes of one zmm; each layout row r of a 32-column
 // block adds vpdpbusd(codes_r, the activation row's 4 bytes of columns 4 r .. 4 r + 3 broadcast)
-// into an int32 sum that starts at -128 * (the block's code sum) for int8 (undoing the stored
-// + 128), so the block dot is exact. It is converted and scaled by one FMA per block (scale per
+// into an int32 sum that starts at -n16_zero(bits) * (the activations' code sum) (undoing the
+// stored + 128 of int8, + 16 / + 32 of 5 / 6-bit codes), so the block dot is exact. It is converted and scaled by one FMA per block (scale per
 // output lane times the block's step); offsets add offset * dsum per group. No horizontal sums:
 // the lanes are the outputs. Two loop orders, the same sums in the same order (so bit-equal):
 // - up to MR rows (decode): tile by tile, a block's 8 layout rows loaded (int4: 4 loads, one mask
@@ -17,6 +17,8 @@
 
 #if defined(__AVX512VNNI__)
 #include <immintrin.h>
+
+#include "qgemm_n16_zmm_codes.h"
 
 #include <algorithm>
 #include <cstring>
@@ -64,28 +66,20 @@ void vnni_rows(const N16Weights<S>& w, int64_t t, const QActs& x, int64_t m0, fl
     xd[m] = x.d + (m0 + m) * x.nb;
     xs[m] = x.isum + (m0 + m) * 2 * x.nb;
   }
+  constexpr int32_t Z = n16_zero(BITS);
   __m512 acc[MR];
   for (int m = 0; m < MR; ++m) acc[m] = _mm512_setzero_ps();
-  const __m512i low4 = _mm512_set1_epi8(0x0f);
   __m512 sv = _mm512_setzero_ps();
   for (int64_t b = 0, left = 0, g = 0; b < w.nb; ++b) {
     const uint8_t* p = base + b * w.block_bytes;
     prefetch_ahead(p, w.block_bytes);
     __m512i wv[8];
-    if constexpr (BITS == 4) {
-      for (int i = 0; i < 4; ++i) {
-        const __m512i raw = _mm512_loadu_si512(p + 64 * i);
-        wv[i] = _mm512_and_si512(raw, low4);
-        wv[i + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
-      }
-    } else {
-      for (int i = 0; i < 8; ++i) wv[i] = _mm512_loadu_si512(p + 64 * i);
-    }
-    if (w.bpg == 0) {  // groups of 16 (int8): each half block has its own scales
+    unpack_codes_zmm<BITS>(p, wv);
+    if (w.bpg == 0) {  // groups of 16 (int8 / narrow codes): each half block has its own scales
       const __m512 s_lo = load16(scales + 2 * b * N16), s_hi = load16(scales + (2 * b + 1) * N16);
       for (int m = 0; m < MR; ++m) {
         const int8_t* a = xa[m] + b * QB;
-        __m512i lo = _mm512_set1_epi32(-128 * xs[m][2 * b]), hi = _mm512_set1_epi32(-128 * xs[m][2 * b + 1]);
+        __m512i lo = _mm512_set1_epi32(-Z * xs[m][2 * b]), hi = _mm512_set1_epi32(-Z * xs[m][2 * b + 1]);
         for (int r = 0; r < 4; ++r) {
           lo = _mm512_dpbusd_epi32(lo, wv[r], bcast4(a + 4 * r));
           hi = _mm512_dpbusd_epi32(hi, wv[r + 4], bcast4(a + 16 + 4 * r));
@@ -102,7 +96,7 @@ void vnni_rows(const N16Weights<S>& w, int64_t t, const QActs& x, int64_t m0, fl
     }
     for (int m = 0; m < MR; ++m) {
       const int8_t* a = xa[m] + b * QB;
-      __m512i s = BITS == 8 ? _mm512_set1_epi32(-128 * (xs[m][2 * b] + xs[m][2 * b + 1])) : _mm512_setzero_si512();
+      __m512i s = Z != 0 ? _mm512_set1_epi32(-Z * (xs[m][2 * b] + xs[m][2 * b + 1])) : _mm512_setzero_si512();
       for (int r = 0; r < 8; ++r) s = _mm512_dpbusd_epi32(s, wv[r], bcast4(a + 4 * r));
       acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(sv, _mm512_set1_ps(xd[m][b])), acc[m]);
     }
@@ -132,7 +126,7 @@ inline void wide_block(const __m512i (&wv)[NT2][8], const __m512 (&sv)[NT2], con
   __m512i s[R][NT2];
   for (int m = 0; m < R; ++m) {
     const int32_t* is = x.isum + (m0 + m) * 2 * x.nb + 2 * b;
-    const __m512i s0 = BITS == 8 ? _mm512_set1_epi32(-128 * (is[0] + is[1])) : _mm512_setzero_si512();
+    const __m512i s0 = n16_zero(BITS) != 0 ? _mm512_set1_epi32(-n16_zero(BITS) * (is[0] + is[1])) : _mm512_setzero_si512();
     for (int j = 0; j < NT2; ++j) s[m][j] = s0;
   }
   for (int r = 0; r < 8; ++r) {
@@ -176,22 +170,13 @@ template <int BITS, int NT2, typename S>
 void wide_tiles(const N16Weights<S>& w, int64_t t, const QActs& x, int64_t m0, int64_t rows, float* y,
                 const float* bias, float* acc) {
   std::fill(acc, acc + rows * NT2 * N16, 0.f);
-  const __m512i low4 = _mm512_set1_epi8(0x0f);
   __m512 sv[NT2];
   for (int64_t b = 0, left = 0, g = 0; b < w.nb; ++b) {
     __m512i wv[NT2][8];
     for (int j = 0; j < NT2; ++j) {
       const uint8_t* p = w.q + (t + j) * w.tile_bytes() + b * w.block_bytes;
       prefetch_ahead(p, w.block_bytes);
-      if constexpr (BITS == 4) {
-        for (int i = 0; i < 4; ++i) {
-          const __m512i raw = _mm512_loadu_si512(p + 64 * i);
-          wv[j][i] = _mm512_and_si512(raw, low4);
-          wv[j][i + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
-        }
-      } else {
-        for (int i = 0; i < 8; ++i) wv[j][i] = _mm512_loadu_si512(p + 64 * i);
-      }
+      unpack_codes_zmm<BITS>(p, wv[j]);
     }
     if (left-- == 0) {  // the first block of group g
       for (int j = 0; j < NT2; ++j) sv[j] = load16(w.scale + ((t + j) * w.G + g) * N16);
