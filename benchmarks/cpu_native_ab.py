@@ -5,7 +5,8 @@ speed moves by 20% from minute to minute, runs in separate processes cannot show
 this can.
 
 Ops: int_linear_n16 over a SmolLM2-135M layer (qkv 960x576, o 576x576, gate_up 3072x576, down
-576x1536; int4, groups of 32, fp16 scales and offsets; 8 layers' weights cycled) at each of
+576x1536; int4, groups of 32, fp16 scales and offsets, or with --linear g16-8 / g16-6 Q6_K-like
+int8 codes -32..31 in groups of 16 with fp32 scales, stored in 8 or 6 bits; 8 layers' weights cycled) at each of
 --rows, and prefill_attention (fp32, causal, 9 query and 3 kv heads of 64 dims, pages of 16) at
 each of --tokens, and with --head VxK the int8 logits head's product (int_linear_n16, bits 8, one
 scale per vocabulary row: IntDotLogitsHead's codes) at each of --head-rows, and with --decode
@@ -113,6 +114,7 @@ def main() -> None:
     ap.add_argument("--head-rows", default="1,16")
     ap.add_argument("--decode", default="", help="BxCTX,...: also time decode attention (fp16 pages)")
     ap.add_argument("--decode-heads", default="9x3x64", help="HQxHKVxD of --decode")
+    ap.add_argument("--linear", choices=["int4", "g16-8", "g16-6"], default="int4", help="int_linear_n16's weights")
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--out", default=None, help="write the table as JSON here")
     args = ap.parse_args()
@@ -126,10 +128,16 @@ def main() -> None:
     for _ in range(8):
         ws = []
         for n, k in SHAPES:
-            q = torch.randint(0, 16, (n, k))
-            sc, off = (torch.rand(n, k // 32) + 0.1).half(), torch.randn(n, k // 32).half()
-            ws.append((pack_int_n16_ref(q, 4), tile_n16_ref(sc), tile_n16_ref(off), n, k))
+            if args.linear == "int4":
+                q = torch.randint(0, 16, (n, k))
+                sc, off = (torch.rand(n, k // 32) + 0.1).half(), torch.randn(n, k // 32).half()
+                ws.append((pack_int_n16_ref(q, 4), tile_n16_ref(sc), tile_n16_ref(off), n, k))
+            else:
+                q = torch.randint(-32, 32, (n, k))
+                bits = int(args.linear.split("-")[1])
+                ws.append((pack_int_n16_ref(q, bits), tile_n16_ref(torch.rand(n, k // 16) + 0.1), torch.empty(0), n, k))
         layers.append(ws)
+    bits, group = {"int4": (4, 32), "g16-8": (8, 16), "g16-6": (6, 16)}[args.linear]
     empty = torch.empty(0)
     table: dict[str, dict] = {"int_linear_n16 ms per layer": {}, "prefill_attention ms per layer": {}}
     for rows in [int(r) for r in args.rows.split(",")]:
@@ -138,11 +146,11 @@ def main() -> None:
         def linear(mod, xs=xs):
             for ws in layers:
                 for q, s, o, n, k in ws:
-                    mod.int_linear_n16(xs[k], q, s, o, 4, 32, empty, n, NEVER)
+                    mod.int_linear_n16(xs[k], q, s, o, bits, group, empty, n, NEVER)
 
         t = {name: ms / len(layers) for name, ms in side_by_side(mods, linear, args.repeats).items()}
         table["int_linear_n16 ms per layer"][rows] = {**t, "ratio": t["base"] / t["this"]}
-        print(f"int_linear_n16, {rows:4d} rows: base {t['base']:.3f}  this {t['this']:.3f}  "
+        print(f"int_linear_n16 {args.linear}, {rows:4d} rows: base {t['base']:.3f}  this {t['this']:.3f}  "
               f"{t['base'] / t['this']:.2f}x")
     for tokens in [int(x) for x in args.tokens.split(",")]:
         pages = -(-tokens // 16)
@@ -160,7 +168,7 @@ def main() -> None:
                                                                               args.repeats)
     if args.out:
         Path(args.out).write_text(json.dumps({
-            "command": f"python benchmarks/cpu_native_ab.py --base {args.base} --rows {args.rows} "
+            "command": f"python benchmarks/cpu_native_ab.py --base {args.base} --linear {args.linear} --rows {args.rows} "
                        f"--tokens {args.tokens}" + (f" --head {args.head} --head-rows {args.head_rows}"
                                                     if args.head else "")
                        + (f" --decode {args.decode} --decode-heads {args.decode_heads}" if args.decode else ""),

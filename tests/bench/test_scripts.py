@@ -60,7 +60,7 @@ def quick_cpu_int_dot(tmp_path):
 
 
 def quick_cpu_native_ab(tmp_path):
-    r = run_json("cpu_native_ab", tmp_path, "--base", "HEAD", "--rows", "1,9", "--tokens", "16",
+    r = run_json("cpu_native_ab", tmp_path, "--base", "HEAD", "--rows", "1,9", "--tokens", "16", "--linear", "g16-6",
                  "--repeats", "1", "--head", "50x64", "--head-rows", "2", "--decode", "1x40", "--decode-heads", "4x2x32")
     assert set(r["int8 head ms"]) == {"2"} and r["int8 head ms"]["2"]["this"] > 0
     assert r["decode_attention 4x2x32 ms per step"]["1x40"]["base"] > 0

@@ -218,13 +218,13 @@ def test_n16_paths_agree_with_the_row_layout(native, rows):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
 
 
-@pytest.mark.parametrize("bits", [4, 5, 6, 8])
-def test_n16_rows_do_not_depend_on_the_batch(native, bits):
+@pytest.mark.parametrize("bits,group", [(4, 32), (5, 32), (6, 32), (8, 32), (5, 16), (6, 16), (8, 16)])
+def test_n16_rows_do_not_depend_on_the_batch(native, bits, group):
     """Each row's outputs come out of the same operations whatever rows share its call (decode
-    rows one by one, or a prefill chunk of 70 in the many-rows order): bit-equal, not just close,
-    so a request's logits do not depend on what it is batched with."""
-    x, q, scale, offset, bias = _case(70, 160, 45, 32, bits, False, seed=bits, offsets=True)
-    args = (pack_int_n16_ref(q, bits), tile_n16_ref(scale), tile_n16_ref(offset), bits, 32, bias, 45, 1 << 62)
+    rows one by one, or a prefill chunk of 70 in the many-rows order, groups of 16 too):
+    bit-equal, not just close, so a request's logits do not depend on what it is batched with."""
+    x, q, scale, offset, bias = _case(70, 160, 45, group, bits, False, seed=bits, offsets=True)
+    args = (pack_int_n16_ref(q, bits), tile_n16_ref(scale), tile_n16_ref(offset), bits, group, bias, 45, 1 << 62)
     whole = native.int_linear_n16(x, *args)
     for lo, hi in ((0, 1), (1, 9), (9, 13), (13, 70)):
         assert torch.equal(native.int_linear_n16(x[lo:hi].contiguous(), *args), whole[lo:hi])

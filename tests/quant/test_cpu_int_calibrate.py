@@ -83,3 +83,32 @@ def _scales_of(kernel: CpuIntDotKernel) -> tuple[torch.Tensor, torch.Tensor | No
 
     offset = rows(kernel.offset) if kernel.offset.numel() else None
     return rows(kernel.scale), offset
+
+
+@pytest.mark.parametrize("level", ISA_LEVELS)
+@pytest.mark.parametrize("lo,hi,offsets,bits", [(-16, 15, False, 5), (0, 3, True, 5), (0, 31, True, 5),
+                                                (0, 31, False, 5), (-32, 31, False, 6), (0, 63, True, 8),
+                                                (-128, 127, True, 8)])
+def test_int8_codes_are_stored_as_narrow_as_they_fit(level, lo, hi, offsets, bits):
+    """Int8Codes within -16..15 are stored in 5 bits, within 0..31 (Q5_1 / Q5_K) minus 16 in 5 bits
+    with their offsets moved by 16 x scale, within -32..31 in 6 bits, else in 8 (the row layout:
+    always 8); the kernel's product stays the weights' integer-dot product (W from the codes as
+    given), up to fp32 summation and the moved offsets' rounding."""
+    from edgellm.kernels.reference import int_weight_ref, quantize_rows_ref
+
+    isa = CpuIsa(level, detect())
+    platform = Platform("auto", isa, dense_budget=0)
+    g = torch.Generator().manual_seed(lo * 7 + hi)
+    n, k, group = 37, 160, 32
+    q = torch.randint(lo, hi + 1, (n, k), generator=g, dtype=torch.int16).to(torch.int8)
+    scale = torch.rand(n, k // group, generator=g) * 0.1 + 0.01
+    offset = torch.randn(n, k // group, generator=g) if offsets else None
+    kernel = CpuIntDotKernel(Int8Codes(q, scale, group, offsets=offset), platform.native(), platform)
+    assert kernel.bits == (bits if isa.n16 else 8)
+    x = torch.randn(9, k, generator=g)
+    codes, d, _ = quantize_rows_ref(x, group)
+    xq = (codes.double().reshape(9, -1, 32) * d.double()[..., None]).reshape(9, k)
+    w = int_weight_ref(q, scale, offset, group).double()
+    want = xq @ w.t()
+    got = kernel(x, None).double()
+    assert (got - want).abs().max() <= 1e-5 * (xq.abs() @ w.abs().t()).max()

@@ -4,9 +4,10 @@
 int8 weights (Int8Codes: GGUF Q8_0, and the 5/6-bit and K-quant types unpacked to int8 codes,
 W = scale * q (+ offset) per group of 32, or of 16 for Q6_K/Q3_K/Q2_K) keep their codes as they
 are, the scales (and offsets) in fp16 when lossless; everything below holds for them too. In the
-n16 layout, codes within -16..15 (Q5_0) are stored in 5 bits and codes within -32..31 (Q6_K, Q5_1
-and Q5_K's 0..31, Q3_K, Q2_K; IQ4's grid is wider) in 6 bits instead of 8 (`bits`): a decode step
-reads fewer bytes, and the integer sums are the same.
+n16 layout, codes within -16..15 (Q5_0, Q2_K) are stored in 5 bits and codes within -32..31 (Q6_K,
+Q3_K, modules mixing Q4_K and Q6_K; IQ4's grid is wider) in 6 bits instead of 8 (`bits`): a decode
+step reads fewer bytes, and the integer sums are the same. Codes within 0..31 (Q5_1, Q5_K) are
+stored minus 16 in 5 bits, their offsets plus 16 x scale (`_stored_codes`).
 
 The weight is repacked once at load, interleaved 16 output rows at a time (the n16 layout of
 qgemm_n16.h): the 8 or 16 lanes of a vector accumulator are outputs, summed by vpdpbusd on CPUs
@@ -50,6 +51,24 @@ logger = logging.getLogger(__name__)
 
 BLOCK = 32  # the kernel's activation block; groups must be multiples of it
 _EMPTY = torch.empty(0)
+
+
+def _stored_codes(
+    q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """(codes, offsets, bits) as the n16 layout stores int8 codes [N, K] with group scales and
+    offsets [N, G]: the narrowest width they fit (reference.n16_bits), except that codes within
+    0..31 (Q5_1 and Q5_K's) are stored in 5 bits minus 16, each offset plus 16 x its scale (the
+    product exact, the sum one fp32 rounding: W = scale * (q - 16) + (offset + 16 * scale))."""
+    from edgellm.kernels.reference import n16_bits
+
+    bits = n16_bits(q)
+    if bits == 6 and int(q.min()) >= 0 and int(q.max()) <= 31:
+        base = (
+            offset.float() if offset is not None else torch.zeros_like(scale, dtype=torch.float32)
+        )
+        return (q.to(torch.int16) - 16).to(torch.int8), base + 16.0 * scale.float(), 5
+    return q, offset, bits
 
 
 def _compact(scale: torch.Tensor) -> torch.Tensor:
@@ -98,12 +117,7 @@ class CpuIntDotKernel(LinearKernel):
     """int4 or int8 codes x int8 activations (see the module docstring); fp32 models on CPU."""
 
     def __init__(self, codes: Int4Codes | Int8Codes, native: Any, platform: Platform) -> None:
-        from edgellm.kernels.reference import (
-            n16_bits,
-            pack_int4_blocks_ref,
-            pack_int_n16_ref,
-            tile_n16_ref,
-        )
+        from edgellm.kernels.reference import pack_int4_blocks_ref, pack_int_n16_ref, tile_n16_ref
         from edgellm.quant.int_codes import Int8Codes
         from edgellm.quant.linear_kernels.onednn import pack_bf16
 
@@ -117,13 +131,15 @@ class CpuIntDotKernel(LinearKernel):
         self.perm = perm
         int8 = isinstance(codes, Int8Codes)
         self.n16 = platform.isa.n16  # the interleaved layout (else the row layout)
-        # stored width: int4, int8 codes in the row layout, else the narrowest the n16 layout has
-        self.bits = (n16_bits(q) if self.n16 else 8) if int8 else 4
+        self.bits = 8 if int8 else 4  # the stored width (int8 codes in the n16 layout: 5, 6 or 8)
         if int8:
-            if codes.offsets is None:
+            offsets = codes.offsets
+            if self.n16:
+                q, offsets, self.bits = _stored_codes(q, codes.scales, offsets)
+            if offsets is None:
                 scale, offset = _compact(codes.scales), _EMPTY
             else:
-                scale, offset = _compact_pair(codes.scales.float(), codes.offsets.float())
+                scale, offset = _compact_pair(codes.scales.float(), offsets.float())
         else:
             scale, offset = _compact_pair(*int4_affine(codes))
         if self.n16:
