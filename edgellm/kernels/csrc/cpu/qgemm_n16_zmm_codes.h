@@ -9,10 +9,21 @@
 
 namespace edgellm::cpu {
 
+// ORs bit BIT of every stored code from the plane at p into the eight layout rows wv: bit r of a
+// plane byte is row r's, and a 16-bit shift by BIT - r puts it in place (every bit the shift
+// carries across a byte boundary lands outside the mask).
+template <int BIT>
+inline void or_plane_zmm(const uint8_t* p, __m512i (&wv)[8]) {
+  const __m512i plane = _mm512_loadu_si512(p), bit = _mm512_set1_epi8(static_cast<char>(1 << BIT));
+  for (int r = 0; r < 8; ++r) {
+    const __m512i v = r <= BIT ? _mm512_slli_epi16(plane, BIT - r) : _mm512_srli_epi16(plane, r - BIT);
+    wv[r] = _mm512_ternarylogic_epi32(wv[r], v, bit, 0xF8);  // a | (b & c)
+  }
+}
+
 // Layout row r's stored codes e[64 r .. 64 r + 63] of the block at p, for r = 0..7. int4: the low
-// nibbles are rows 0-3, the high nibbles rows 4-7. 5/6 bits: the int4 bytes for bits 0-3, and
-// bit 4 (5) of row r is bit r of its plane byte: a 16-bit shift by 4 - r (5 - r) puts it in
-// place, and every bit the shift carries across a byte boundary lands outside the mask.
+// nibbles are rows 0-3, the high nibbles rows 4-7. 5/6 bits: the int4 bytes for bits 0-3, then
+// bit 4 (and 5) from the planes after them.
 template <int BITS>
 inline void unpack_codes_zmm(const uint8_t* p, __m512i (&wv)[8]) {
   if constexpr (BITS == 8) {
@@ -24,28 +35,8 @@ inline void unpack_codes_zmm(const uint8_t* p, __m512i (&wv)[8]) {
       wv[i] = _mm512_and_si512(raw, low4);
       wv[i + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
     }
-    if constexpr (BITS >= 5) {
-      const __m512i plane = _mm512_loadu_si512(p + 256), bit = _mm512_set1_epi8(0x10);
-      wv[0] = _mm512_ternarylogic_epi32(wv[0], _mm512_slli_epi16(plane, 4), bit, 0xF8);  // a | (b & c)
-      wv[1] = _mm512_ternarylogic_epi32(wv[1], _mm512_slli_epi16(plane, 3), bit, 0xF8);
-      wv[2] = _mm512_ternarylogic_epi32(wv[2], _mm512_slli_epi16(plane, 2), bit, 0xF8);
-      wv[3] = _mm512_ternarylogic_epi32(wv[3], _mm512_slli_epi16(plane, 1), bit, 0xF8);
-      wv[4] = _mm512_ternarylogic_epi32(wv[4], plane, bit, 0xF8);
-      wv[5] = _mm512_ternarylogic_epi32(wv[5], _mm512_srli_epi16(plane, 1), bit, 0xF8);
-      wv[6] = _mm512_ternarylogic_epi32(wv[6], _mm512_srli_epi16(plane, 2), bit, 0xF8);
-      wv[7] = _mm512_ternarylogic_epi32(wv[7], _mm512_srli_epi16(plane, 3), bit, 0xF8);
-    }
-    if constexpr (BITS == 6) {
-      const __m512i plane = _mm512_loadu_si512(p + 320), bit = _mm512_set1_epi8(0x20);
-      wv[0] = _mm512_ternarylogic_epi32(wv[0], _mm512_slli_epi16(plane, 5), bit, 0xF8);
-      wv[1] = _mm512_ternarylogic_epi32(wv[1], _mm512_slli_epi16(plane, 4), bit, 0xF8);
-      wv[2] = _mm512_ternarylogic_epi32(wv[2], _mm512_slli_epi16(plane, 3), bit, 0xF8);
-      wv[3] = _mm512_ternarylogic_epi32(wv[3], _mm512_slli_epi16(plane, 2), bit, 0xF8);
-      wv[4] = _mm512_ternarylogic_epi32(wv[4], _mm512_slli_epi16(plane, 1), bit, 0xF8);
-      wv[5] = _mm512_ternarylogic_epi32(wv[5], plane, bit, 0xF8);
-      wv[6] = _mm512_ternarylogic_epi32(wv[6], _mm512_srli_epi16(plane, 1), bit, 0xF8);
-      wv[7] = _mm512_ternarylogic_epi32(wv[7], _mm512_srli_epi16(plane, 2), bit, 0xF8);
-    }
+    if constexpr (BITS >= 5) or_plane_zmm<4>(p + 256, wv);
+    if constexpr (BITS == 6) or_plane_zmm<5>(p + 320, wv);
   }
 }
 
