@@ -4,8 +4,8 @@
 int8 weights (Int8Codes: GGUF Q8_0, and the 5/6-bit and K-quant types unpacked to int8 codes,
 W = scale * q (+ offset) per group of 32, or of 16 for Q6_K/Q3_K/Q2_K) keep their codes as they
 are, the scales (and offsets) in fp16 when lossless; everything below holds for them too. In the
-n16 layout, codes within -16..15 (Q5_0, Q2_K) are stored in 5 bits and codes within -32..31 (Q6_K,
-Q3_K, modules mixing Q4_K and Q6_K; IQ4's grid is wider) in 6 bits instead of 8 (`bits`): a decode
+n16 layout, codes within -16..15 (Q5_0, Q3_K, Q2_K) are stored in 5 bits and codes within -32..31
+(Q6_K, modules mixing Q4_K and Q6_K; IQ4's grid is wider) in 6 bits instead of 8 (`bits`): a decode
 step reads fewer bytes, and the integer sums are the same. Codes within 0..31 (Q5_1, Q5_K) are
 stored minus 16 in 5 bits, their offsets plus 16 x scale (`_stored_codes`).
 
