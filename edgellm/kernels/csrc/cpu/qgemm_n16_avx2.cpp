@@ -86,12 +86,11 @@ void half_rows(const N16Weights<S>& w, int64_t t, int64_t h, const QActs& x, int
         for (int j = 0; j < H; ++j) {
           const __m256 s_lo = load8(scales + 2 * b * N16 + j * HALF), s_hi = load8(scales + (2 * b + 1) * N16 + j * HALF);
           __m256i lo[R], hi[R];
-          for (int m = 0; m < R; ++m) {
-            lo[m] = _mm256_set1_epi32(-Z * isum[m * 2 * x.nb + 2 * b]);
-            hi[m] = _mm256_set1_epi32(-Z * isum[m * 2 * x.nb + 2 * b + 1]);
+          for (int m = 0; m < R; ++m) {  // int8's sign trick needs no start
+            lo[m] = _mm256_set1_epi32(BITS == 8 ? 0 : -Z * isum[m * 2 * x.nb + 2 * b]);
+            hi[m] = _mm256_set1_epi32(BITS == 8 ? 0 : -Z * isum[m * 2 * x.nb + 2 * b + 1]);
           }
           if constexpr (BITS == 8) {
-            for (int m = 0; m < R; ++m) lo[m] = hi[m] = _mm256_setzero_si256();  // the sign trick: no start
             for (int r = 0; r < 4; ++r) {
               dot8(lo, codes8(p, j, r), b * QB + 4 * r);
               dot8(hi, codes8(p, j, r + 4), b * QB + 16 + 4 * r);
