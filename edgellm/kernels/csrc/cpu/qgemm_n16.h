@@ -27,6 +27,10 @@ namespace edgellm::cpu {
 constexpr int64_t N16 = 16;
 constexpr int64_t n16_block_bytes(int64_t bits) { return bits == 4 ? 256 : bits == 5 ? 320 : bits == 6 ? 384 : 512; }
 constexpr int32_t n16_zero(int bits) { return bits == 4 ? 0 : 1 << (bits - 1); }
+// The width of int8-kind codes (5, 6 or 8) from their block size (n16_block_bytes' inverse).
+constexpr int64_t n16_int8_bits(int64_t block_bytes) {
+  return block_bytes == n16_block_bytes(5) ? 5 : block_bytes == n16_block_bytes(6) ? 6 : 8;
+}
 
 template <typename S>
 struct N16Weights {
@@ -68,23 +72,16 @@ void n16_tiles(const N16Weights<S>& w, int64_t t0, int64_t t1, const QActs& x, i
 
 // Explicit instantiations of a tile function with n16_tiles' signature for the (bits, scale type)
 // pairs the op dispatches to; each defining file names its function once.
-#define EDGELLM_N16_INSTANTIATE(fn)                                                                      \
-  template void fn<5, float>(const N16Weights<float>&, int64_t, int64_t, const QActs&, int64_t, float*, \
-                             const float*);                                                            \
-  template void fn<5, c10::Half>(const N16Weights<c10::Half>&, int64_t, int64_t, const QActs&, int64_t, \
-                                 float*, const float*);                                                \
-  template void fn<6, float>(const N16Weights<float>&, int64_t, int64_t, const QActs&, int64_t, float*, \
-                             const float*);                                                            \
-  template void fn<6, c10::Half>(const N16Weights<c10::Half>&, int64_t, int64_t, const QActs&, int64_t, \
-                                 float*, const float*);                                                \
-  template void fn<4, float>(const N16Weights<float>&, int64_t, int64_t, const QActs&, int64_t, float*, \
-                             const float*);                                                            \
-  template void fn<4, c10::Half>(const N16Weights<c10::Half>&, int64_t, int64_t, const QActs&, int64_t, \
-                                 float*, const float*);                                                \
-  template void fn<8, float>(const N16Weights<float>&, int64_t, int64_t, const QActs&, int64_t, float*, \
-                             const float*);                                                            \
-  template void fn<8, c10::Half>(const N16Weights<c10::Half>&, int64_t, int64_t, const QActs&, int64_t, \
-                                 float*, const float*);
+#define EDGELLM_N16_INSTANTIATE_BITS(fn, bits)                                                          \
+  template void fn<bits, float>(const N16Weights<float>&, int64_t, int64_t, const QActs&, int64_t, float*, \
+                                const float*);                                                            \
+  template void fn<bits, c10::Half>(const N16Weights<c10::Half>&, int64_t, int64_t, const QActs&, int64_t, \
+                                    float*, const float*);
+#define EDGELLM_N16_INSTANTIATE(fn)    \
+  EDGELLM_N16_INSTANTIATE_BITS(fn, 4) \
+  EDGELLM_N16_INSTANTIATE_BITS(fn, 5) \
+  EDGELLM_N16_INSTANTIATE_BITS(fn, 6) \
+  EDGELLM_N16_INSTANTIATE_BITS(fn, 8)
 
 // Which n16_tiles this build holds: "avx512-vnni", "avx-vnni", "avx2" or "scalar".
 const char* n16_variant();
