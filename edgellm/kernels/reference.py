@@ -146,3 +146,21 @@ def tile_n16_ref(v: torch.Tensor) -> torch.Tensor:
     out = torch.zeros(nt * N16, g, dtype=v.dtype)
     out[:n] = v
     return out.reshape(nt, N16, g).transpose(1, 2).contiguous()
+
+
+def compact_scales_n16_ref(mult: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """Group values [N, G] = mult [N, G] (integers within -128..127) x base [N, B] (fp32, each
+    shared by G / B consecutive groups) -> the compact form qgemm_n16.h reads, int8
+    [ceil(N / 16), G * 16 + B * 64]: per tile the multipliers as tile_n16_ref lays them out, then
+    the bases' fp32 bytes [B, 16]. Rows past N have multiplier and base 0."""
+    n, g = mult.shape
+    if g % base.shape[1]:
+        raise ValueError(f"{base.shape[1]} bases do not divide {g} groups")
+    m = tile_n16_ref(mult.to(torch.int8)).reshape(-1, g * N16)
+    b = tile_n16_ref(base.float()).reshape(m.shape[0], -1).view(torch.int8)
+    return torch.cat((m, b), 1).contiguous()
+
+
+def expand_compact_ref(mult: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """The values [N, G] fp32 the compact form (mult [N, G], base [N, B]) stands for."""
+    return mult.float() * base.float().repeat_interleave(mult.shape[1] // base.shape[1], 1)

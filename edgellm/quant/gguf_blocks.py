@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from edgellm.quant.int_codes import Int4Codes, Int8Codes
+from edgellm.quant.int_codes import Int4Codes, Int8Codes, SplitScales
 
 QK_K = 256
 INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
@@ -91,6 +91,12 @@ def decode(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int]:
     """Rows [N, row bytes] -> (codes [N, K] int16, scale [N, G] fp32, offset [N, G] fp32 or None,
     group), W = codes * scale + offset per group (see the module table)."""
+    return _decode(raw, type_name)[:4]
+
+
+def _decode(raw: torch.Tensor, type_name: str) -> tuple:
+    """decode's tuple, then the scales and the offsets as SplitScales (the K-quants' and IQ4_XS'
+    d * sc: an fp16 per 256 columns times a small integer per group; None for the other types)."""
     if type_name not in SUPPORTED:
         raise ValueError(
             f"GGUF type {type_name!r} has no integer decoding; supported: {', '.join(SUPPORTED)}"
@@ -99,6 +105,7 @@ def decode(
     b = _blocks(raw, type_name)
     nb = b.shape[0]
     offset = None
+    splits: list[tuple[torch.Tensor, torch.Tensor] | None] = [None, None]  # (base, mult) per block
     if type_name in ("Q4_0", "Q4_1", "IQ4_NL"):
         head = 4 if type_name == "Q4_1" else 2
         q = _nibbles(b[:, head:]).short()
@@ -138,12 +145,13 @@ def decode(
             )  # sub-block j: bit j of the 32 high-bit bytes
         q = q.reshape(nb, QK_K).short()
         scale, offset, group = d * sc, -(dmin * mn), 32
+        splits = [(d, sc), (-dmin, mn)]
     elif type_name == "Q6_K":
         ql = _bits(b[:, 0:128].reshape(nb, 2, 64), 2, 4, 4).reshape(nb, 8, 32)
         qh = _bits(b[:, 128:192].reshape(nb, 2, 32), 4, 2, 2).reshape(nb, 8, 32)
         q = (ql | (qh << 4)).reshape(nb, QK_K).short() - 32
-        scale = _f16(b[:, 208:210])[:, None] * b[:, 192:208].contiguous().view(torch.int8).float()
-        group = 16
+        d, sc = _f16(b[:, 208:210])[:, None], b[:, 192:208].contiguous().view(torch.int8).float()
+        scale, group, splits[0] = d * sc, 16, (d, sc)
     elif type_name == "Q3_K":
         hmask, qs, s = b[:, 0:32], b[:, 32:96], b[:, 96:108]
         low = _bits(s[:, 0:8], 2, 4, 4).reshape(nb, 16)
@@ -154,12 +162,15 @@ def decode(
             _bits(hmask, 8, 1, 1).reshape(nb, 16, 16) ^ 1
         )  # the 4 is subtracted where the mask bit is 0
         q = (ql.short() - (qh.short() << 2)).reshape(nb, QK_K)
-        scale, group = _f16(b[:, 108:110])[:, None] * sc, 16
+        d = _f16(b[:, 108:110])[:, None]
+        scale, group, splits[0] = d * sc, 16, (d, sc)
     elif type_name == "Q2_K":
         s = b[:, 0:16]
         d, dmin = _f16(b[:, 80:82])[:, None], _f16(b[:, 82:84])[:, None]
         q = _bits(b[:, 16:80].reshape(nb, 2, 32), 4, 2, 2).reshape(nb, QK_K).short()
-        scale, offset, group = d * (s & 15).float(), -(dmin * (s >> 4).float()), 16
+        sc, mn = (s & 15).float(), (s >> 4).float()
+        scale, offset, group = d * sc, -(dmin * mn), 16
+        splits = [(d, sc), (-dmin, mn)]
     else:  # IQ4_XS
         d = _f16(b[:, 0:2])[:, None]
         sh = b[:, 2:4].long()
@@ -171,11 +182,16 @@ def decode(
         ls = (sl.long() | (hi << 4)) - 32
         q = _nibbles(b[:, 8:].reshape(nb, 8, 16)).reshape(nb, QK_K)
         q = torch.tensor(IQ4_GRID, dtype=torch.int16)[q.long()]
-        scale, group = d * ls.float(), 32
+        scale, group, splits[0] = d * ls.float(), 32, (d, ls.float())
     codes = q.reshape(n, -1)
     scale = scale.reshape(n, -1).contiguous()
     offset = None if offset is None else offset.reshape(n, -1).contiguous()
-    return codes, scale, offset, group
+    # (-dmin) * m == -(dmin * m) and d * sc are exact: the split forms stand for these values
+    split = [
+        None if p is None else SplitScales(p[1].reshape(n, -1).to(torch.int8), p[0].reshape(n, -1))
+        for p in splits
+    ]
+    return codes, scale, offset, group, split[0], split[1]
 
 
 def int4_codes(raw: torch.Tensor, type_name: str) -> Int4Codes:
@@ -187,14 +203,22 @@ def int4_codes(raw: torch.Tensor, type_name: str) -> Int4Codes:
         b = _blocks(raw, type_name)
         codes = _nibbles(b[:, 2:]).reshape(raw.shape[0], -1)
         return Int4Codes(codes, None, _f16(b[:, 0:2]).reshape(raw.shape[0], -1), 32)
-    codes, scale, offset, group = decode(raw, type_name)
-    return Int4Codes(codes.to(torch.uint8), None, scale, group, offsets=offset)
+    codes, scale, offset, group, ssplit, osplit = _decode(raw, type_name)
+    return Int4Codes(
+        codes.to(torch.uint8),
+        None,
+        scale,
+        group,
+        offsets=offset,
+        scale_split=ssplit,
+        offset_split=osplit,
+    )
 
 
 def int8_codes(raw: torch.Tensor, type_name: str, group: int | None = None) -> Int8Codes:
     """Any SUPPORTED type as Int8Codes; `group` (16) splits its groups further (scales repeated:
     exact), so shards of different types concatenate."""
-    codes, scale, offset, own = decode(raw, type_name)
+    codes, scale, offset, own, ssplit, osplit = _decode(raw, type_name)
     group = group or own
     if own % group:
         raise ValueError(f"GGUF {type_name}: groups of {own} cannot be split into {group}")
@@ -202,7 +226,16 @@ def int8_codes(raw: torch.Tensor, type_name: str, group: int | None = None) -> I
     if rep > 1:
         scale = scale.repeat_interleave(rep, 1)
         offset = None if offset is None else offset.repeat_interleave(rep, 1)
-    return Int8Codes(codes.to(torch.int8).contiguous(), scale, group, offsets=offset)
+        ssplit = None if ssplit is None else ssplit.repeat_groups(rep)
+        osplit = None if osplit is None else osplit.repeat_groups(rep)
+    return Int8Codes(
+        codes.to(torch.int8).contiguous(),
+        scale,
+        group,
+        offsets=offset,
+        scale_split=ssplit,
+        offset_split=osplit,
+    )
 
 
 def concat_int8(parts: list[Int8Codes]) -> Int8Codes:
@@ -223,7 +256,21 @@ def concat_int8(parts: list[Int8Codes]) -> Int8Codes:
         torch.cat([p.scales.float() for p in parts], 0),
         group,
         offsets=offsets,
+        scale_split=SplitScales.cat([p.scale_split for p in parts]),
+        offset_split=None if offsets is None else SplitScales.cat(_offset_splits(parts)),
     )
+
+
+def _offset_splits(parts: list[Int8Codes]) -> list[SplitScales | None]:
+    """Each part's offsets in split form; a part without offsets but with split scales as zeros."""
+    out = []
+    for p in parts:
+        s = p.scale_split
+        if p.offsets is not None or s is None:
+            out.append(p.offset_split if p.offsets is not None else None)
+        else:
+            out.append(SplitScales(torch.zeros_like(s.mult), torch.zeros_like(s.base)))
+    return out
 
 
 def group_of(type_name: str) -> int:

@@ -19,7 +19,7 @@ from torch import nn
 
 from edgellm.quant import gguf_blocks
 from edgellm.quant.gguf import GGUFError
-from edgellm.quant.int_codes import Int4Codes, Int8Codes
+from edgellm.quant.int_codes import Int4Codes, Int8Codes, SplitScales
 from edgellm.quant.linear_method import (
     LinearMethod,
     ParamLayout,
@@ -117,7 +117,15 @@ class GGUFLinearMethod(QuantLinearMethod):
         offsets = torch.cat(
             [c.offsets if c.offsets is not None else -8.0 * c.scales.float() for c in decoded], 0
         )
-        return Int4Codes(codes, None, scales, 32, offsets=offsets)
+        return Int4Codes(
+            codes,
+            None,
+            scales,
+            32,
+            offsets=offsets,
+            scale_split=SplitScales.cat([c.scale_split for c in decoded]),
+            offset_split=SplitScales.cat([c.offset_split for c in decoded]),
+        )
 
     def int8(self, layer: nn.Module) -> Int8Codes | None:
         """Shards of any integer-decodable type (gguf_blocks.SUPPORTED) as one Int8Codes, in the

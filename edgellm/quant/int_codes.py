@@ -2,7 +2,7 @@
 
 Int4Codes (unpacked int4 with zeros, scales, optional act-order g_idx and offsets) and
 Int8Codes (int8 with group scales and optional offsets), each with its exact float32
-`dequantize`.
+`dequantize`; SplitScales, the integer-times-base form of K-quant scales that both may carry.
 """
 
 from __future__ import annotations
@@ -10,6 +10,39 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+
+@dataclass
+class SplitScales:
+    """Group values [N, G] as integer multipliers times a base that G / B consecutive groups share
+    (GGUF's K-quants: a 4- to 8-bit scale or minimum per group, an fp16 per 256 columns), so that
+    values() = mult * base is exact in fp32. Kernels may store this form instead of the values
+    (edgellm/kernels/csrc/cpu/qgemm_n16.h's compact scales)."""
+
+    mult: torch.Tensor  # [N, G] integers within -128..127
+    base: torch.Tensor  # [N, B] fp32
+
+    def values(self) -> torch.Tensor:
+        from edgellm.kernels.reference import expand_compact_ref
+
+        return expand_compact_ref(self.mult, self.base)
+
+    def repeat_groups(self, rep: int) -> SplitScales:
+        """The same values in groups `rep` times finer."""
+        return SplitScales(self.mult.repeat_interleave(rep, 1), self.base)
+
+    @staticmethod
+    def cat(parts: list[SplitScales | None]) -> SplitScales | None:
+        """Row-wise concatenation; None when a part has no split or the parts' shapes differ."""
+        if any(p is None for p in parts):
+            return None
+        shapes = {(p.mult.shape[1], p.base.shape[1]) for p in parts if p is not None}
+        if len(shapes) != 1:
+            return None
+        return SplitScales(
+            torch.cat([p.mult for p in parts if p is not None], 0),
+            torch.cat([p.base for p in parts if p is not None], 0),
+        )
 
 
 @dataclass
@@ -22,6 +55,8 @@ class Int8Codes:
     scales: torch.Tensor  # [N, K / group_size] float
     group_size: int
     offsets: torch.Tensor | None = None  # [N, K / group_size] float
+    scale_split: SplitScales | None = None  # scales in split form, where the format has one
+    offset_split: SplitScales | None = None  # offsets likewise (None: none, or no split form)
 
     def dequantize(self) -> torch.Tensor:
         """W [N, K] float32 with one rounding per element (two with offsets)."""
@@ -47,6 +82,8 @@ class Int4Codes:
     group_size: int
     g_idx: torch.Tensor | None = None  # [K]
     offsets: torch.Tensor | None = None  # [N, G] float
+    scale_split: SplitScales | None = None  # as Int8Codes'
+    offset_split: SplitScales | None = None
 
     def dequantize(self) -> torch.Tensor:
         """W [N, K] float32 with one rounding per element (exact for fp16/bf16 scales)."""

@@ -69,11 +69,14 @@ def quick_cpu_native_ab(tmp_path):
 
 
 def quick_gguf_kquant_decode(tmp_path):
-    r = run_json("gguf_kquant_decode", tmp_path, "--rows", "1", "--layers", "1")
-    assert set(r["ms_per_layer"]["1"]) >= {"Q4_0", "Q4_K", "Q6_K", "Q5_0", "Q5_0 (8-bit)"}
+    r = run_json("gguf_kquant_decode", tmp_path, "--rows", "1", "--layers", "1", "--widened")
+    assert set(r["ms_per_layer"]["1"]) >= {"Q4_0", "Q4_K", "Q6_K", "Q5_0", "Q5_0 (8-bit)", "Q4_K (fp32 scales)"}
     assert all(x > 0 for x in numbers(r["ms_per_layer"]))
     assert r["stored_bits"]["Q5_0"] == [5] and r["stored_bits"]["Q6_K"] == [6]
     assert r["stored_bits"]["Q6_K (8-bit)"] == [8] and set(r["narrow_vs_8bit"]["1"]) >= {"Q5_0", "Q6_K"}
+    bytes_ = r["scale_bytes_per_layer"]  # compact K-quant scales: well under half the fp32 form's bytes
+    assert 0 < bytes_["Q4_K"] < bytes_["Q4_K (fp32 scales)"] / 2
+    assert set(r["compact_vs_fp32_scales"]["1"]) == {"Q4_K", "Q6_K", "Q4_K_M mix"}
 
 
 def quick_kv_events_overhead(tmp_path):

@@ -92,3 +92,61 @@ def test_integer_dot_kernel_equals_dequantize_then_matmul(type_name):
         step = d.double().repeat_interleave(ACT_BLOCK, 1)
         err = (got - x.double() @ w.t()).abs()
         assert (err <= (step / 2) @ w.abs().t() + 1e-4 * magnitude).all() and err.max() > 0
+
+
+SPLIT_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q2_K", "IQ4_XS")  # an fp16 per 256 x integers per group
+
+
+@pytest.mark.parametrize("type_name", gguf_blocks.SUPPORTED)
+def test_split_scales_are_the_scales_exactly(type_name):
+    """The K-quants carry their scales (and minimums) as integer multipliers of an fp16 per 256
+    columns; those stand for exactly the fp32 scales and offsets, also split into groups of 16 and
+    concatenated with other types' shards. The other types carry none."""
+    raw = random_rows(type_name, 6, 768, 11)
+    for codes in (gguf_blocks.int8_codes(raw, type_name), gguf_blocks.int8_codes(raw, type_name, group=16)):
+        if type_name not in SPLIT_TYPES:
+            assert codes.scale_split is None and codes.offset_split is None
+            continue
+        s = codes.scale_split
+        assert s.mult.dtype == torch.int8 and s.base.shape == (6, 3)
+        assert torch.equal(s.values(), codes.scales)
+        assert (codes.offsets is None) == (codes.offset_split is None)
+        if codes.offsets is not None:
+            assert torch.equal(codes.offset_split.values(), codes.offsets)
+    mixed = gguf_blocks.concat_int8([gguf_blocks.int8_codes(random_rows(t, 5, 512, 2), t, 16)
+                                     for t in ("Q4_K", "Q6_K", "Q2_K")])
+    assert torch.equal(mixed.scale_split.values(), mixed.scales)
+    assert torch.equal(mixed.offset_split.values(), mixed.offsets)  # Q6_K's rows: zero offsets
+    with_q8 = gguf_blocks.concat_int8([gguf_blocks.int8_codes(random_rows(t, 5, 512, 2), t, 16)
+                                       for t in ("Q4_K", "Q8_0")])
+    assert with_q8.scale_split is None and with_q8.offset_split is None
+
+
+@pytest.mark.parametrize("type_name", SPLIT_TYPES + ("Q4_K_M",))
+def test_compact_scales_change_no_bit(type_name):
+    """The CPU integer-dot kernel stores split scales in the n16 layout's compact form (int8) where
+    it can, and its outputs are bit-equal to the fp32 form's, at decode and at prefill sizes."""
+    from edgellm.kernels import cpu_native
+    from edgellm.platform import Platform
+    from edgellm.quant.linear_kernels.cpu_int import CpuIntDotKernel
+
+    platform = Platform.create(cpu_quant="auto")
+    native = cpu_native.load()
+    if type_name == "Q4_K_M":  # a fused module: Q4_K and Q6_K shards
+        codes = gguf_blocks.concat_int8([gguf_blocks.int8_codes(random_rows(t, 21, 512, 4), t, 16)
+                                         for t in ("Q4_K", "Q6_K")])
+    else:
+        raw = random_rows(type_name, 37, 512, 3)
+        codes = (gguf_blocks.int4_codes(raw, type_name) if type_name in gguf_blocks.INT4_TYPES
+                 else gguf_blocks.int8_codes(raw, type_name))
+    kernel = CpuIntDotKernel(codes, native, platform)
+    codes.scale_split = codes.offset_split = None
+    plain = CpuIntDotKernel(codes, native, platform)
+    assert plain.scale.dtype == torch.float32
+    if type_name == "Q5_K":  # its codes are stored minus 16, its offsets moved: no split form of those
+        assert kernel.scale.dtype == torch.float32
+    else:
+        assert kernel.scale.dtype == torch.int8 and kernel.scale.nbytes <= plain.scale.nbytes / 2
+    for rows in (1, 4, 40):
+        x = torch.randn(rows, 512) * 2
+        assert torch.equal(kernel.int_dot(x, None), plain.int_dot(x, None)), rows

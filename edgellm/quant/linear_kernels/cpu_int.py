@@ -7,7 +7,10 @@ are, the scales (and offsets) in fp16 when lossless; everything below holds for 
 n16 layout, codes within -16..15 (Q5_0, Q3_K, Q2_K) are stored in 5 bits and codes within -32..31
 (Q6_K, modules mixing Q4_K and Q6_K; IQ4's grid is wider) in 6 bits instead of 8 (`bits`): a decode
 step reads fewer bytes, and the integer sums are the same. Codes within 0..31 (Q5_1, Q5_K) are
-stored minus 16 in 5 bits, their offsets plus 16 x scale (`_stored_codes`).
+stored minus 16 in 5 bits, their offsets plus 16 x scale (cpu_int_storage.stored_codes). Scales
+and offsets that the codes carry as K-quants' integer multipliers of an fp16 per 256 columns
+(SplitScales) are stored so in the n16 layout (cpu_int_storage.compact_scales): Q4_K's read 48
+bytes per 32 columns of a 16-output tile instead of 128.
 
 The weight is repacked once at load, interleaved 16 output rows at a time (the n16 layout of
 qgemm_n16.h): the 8 or 16 lanes of a vector accumulator are outputs, summed by vpdpbusd on CPUs
@@ -42,6 +45,13 @@ import torch
 import torch.nn.functional as F
 
 from edgellm.quant.linear_kernels.base import LinearKernel
+from edgellm.quant.linear_kernels.cpu_int_storage import (
+    compact_scales,
+    fp16_if_exact,
+    fp16_pair_if_exact,
+    int4_affine,
+    stored_codes,
+)
 
 if TYPE_CHECKING:
     from edgellm.platform import Platform
@@ -51,52 +61,6 @@ logger = logging.getLogger(__name__)
 
 BLOCK = 32  # the kernel's activation block; groups must be multiples of it
 _EMPTY = torch.empty(0)
-
-
-def _stored_codes(
-    q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor | None, int]:
-    """(codes, offsets, bits) as the n16 layout stores int8 codes [N, K] with group scales and
-    offsets [N, G]: the narrowest width they fit (reference.n16_bits), except that codes within
-    0..31 (Q5_1 and Q5_K's) are stored in 5 bits minus 16, each offset plus 16 x its scale (the
-    product exact, the sum one fp32 rounding: W = scale * (q - 16) + (offset + 16 * scale))."""
-    from edgellm.kernels.reference import n16_bits
-
-    bits = n16_bits(q)
-    if bits == 6 and int(q.min()) >= 0 and int(q.max()) <= 31:
-        base = (
-            offset.float() if offset is not None else torch.zeros_like(scale, dtype=torch.float32)
-        )
-        return (q.to(torch.int16) - 16).to(torch.int8), base + 16.0 * scale.float(), 5
-    return q, offset, bits
-
-
-def _compact(scale: torch.Tensor) -> torch.Tensor:
-    """fp16 when every value is exactly an fp16 value, else fp32."""
-    h = scale.half()
-    return h.contiguous() if torch.equal(h.float(), scale.float()) else scale.float().contiguous()
-
-
-def _compact_pair(scale: torch.Tensor, offset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both in fp16 when both are exactly fp16 values (halves the bytes a decode step reads for
-    g = 32), else both fp32."""
-    hs, ho = scale.half(), offset.half()
-    if torch.equal(hs.float(), scale) and torch.equal(ho.float(), offset):
-        return hs.contiguous(), ho.contiguous()
-    return scale.contiguous(), offset.contiguous()
-
-
-def int4_affine(codes: Int4Codes) -> tuple[torch.Tensor, torch.Tensor]:
-    """Int4Codes' W = (q - zero) * scale + offset as W = scale * q + offset', fp32 [N, G] each.
-    For fp16 scales and integer zeros, scale * zero is exact in fp32, so W is unchanged."""
-    scale = codes.scales.float()
-    zero = (
-        codes.zeros.float() if codes.zeros is not None else (8.0 if codes.offsets is None else 0.0)
-    )
-    offset = -scale * zero
-    if codes.offsets is not None:
-        offset = offset + codes.offsets.float()
-    return scale, offset
 
 
 def act_order_perm(codes: Int4Codes | Int8Codes) -> tuple[bool, torch.Tensor | None]:
@@ -135,17 +99,21 @@ class CpuIntDotKernel(LinearKernel):
         if int8:
             offsets = codes.offsets
             if self.n16:
-                q, offsets, self.bits = _stored_codes(q, codes.scales, offsets)
+                q, offsets, self.bits = stored_codes(q, codes.scales, offsets)
             if offsets is None:
-                scale, offset = _compact(codes.scales), _EMPTY
+                scale, offset = fp16_if_exact(codes.scales), _EMPTY
             else:
-                scale, offset = _compact_pair(codes.scales.float(), offsets.float())
+                scale, offset = fp16_pair_if_exact(codes.scales.float(), offsets.float())
         else:
-            scale, offset = _compact_pair(*int4_affine(codes))
+            scale, offset = fp16_pair_if_exact(*int4_affine(codes))
         if self.n16:
             self.qweight = pack_int_n16_ref(q, self.bits)
-            self.scale = tile_n16_ref(scale)
-            self.offset = tile_n16_ref(offset) if offset.numel() else _EMPTY
+            compact = None if perm is not None else compact_scales(codes, scale, offset)
+            if compact is not None:
+                self.scale, self.offset = compact
+            else:
+                self.scale = tile_n16_ref(scale)
+                self.offset = tile_n16_ref(offset) if offset.numel() else _EMPTY
         else:
             self.qweight = q.to(torch.int8).contiguous() if int8 else pack_int4_blocks_ref(q)
             self.scale, self.offset = scale, offset

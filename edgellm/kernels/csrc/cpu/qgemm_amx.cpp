@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "qgemm_n16_zmm_codes.h"
+#include "qgemm_n16_zmm_scales.h"
 #define EDGELLM_AMX 1
 #endif
 
@@ -59,11 +60,6 @@ TileConfig make_config() {
                    : "=m"(*reinterpret_cast<int32_t(*)[256]>(c))                             \
                    : "r"(static_cast<void*>(c)), "r"(static_cast<int64_t>(64)))
 
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const c10::Half* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-
 // acc[m] += float(c[m] - 128 * corr[m]) * sv * d[m] for the 16 rows of a stored C tile; corr:
 // the rows' code sums (int8 codes), d: the rows' steps (strides in elements)
 template <int BITS>
@@ -86,7 +82,7 @@ void tile_rows(const N16Weights<S>& w, int64_t t, const uint8_t* bt, const QActs
   __m512 acc[16];
   for (auto& v : acc) v = _mm512_setzero_ps();
   alignas(64) int32_t c0[256], c1[256];
-  const S* scales = w.scale + t * w.G * N16;
+  const GroupScales<S> scales = w.scales(t);
   const int64_t K = x.K, nb = w.nb, is = 2 * nb;
   const int8_t* a = x.a + m0 * K;
   const float* d = x.d + m0 * nb;
@@ -103,8 +99,8 @@ void tile_rows(const N16Weights<S>& w, int64_t t, const uint8_t* bt, const QActs
       _tile_dpbsud(5, 3, 4);
       EDGELLM_TILE_STORE(2, c0);
       EDGELLM_TILE_STORE(5, c1);
-      scale_into<BITS>(acc, c0, load16(scales + 2 * b * N16), d + b, nb, isum + 2 * b, nullptr, is);
-      scale_into<BITS>(acc, c1, load16(scales + (2 * b + 1) * N16), d + b, nb, isum + 2 * b + 1, nullptr, is);
+      scale_into<BITS>(acc, c0, load16(scales, 2 * b), d + b, nb, isum + 2 * b, nullptr, is);
+      scale_into<BITS>(acc, c1, load16(scales, 2 * b + 1), d + b, nb, isum + 2 * b + 1, nullptr, is);
     }
   } else {
     // block b's dot runs on tile set b % 2 (tiles 0, 1 -> 2 or 6, 7 -> 5) and is stored while the
@@ -127,12 +123,12 @@ void tile_rows(const N16Weights<S>& w, int64_t t, const uint8_t* bt, const QActs
     const std::integral_constant<int, 0> set0;
     const std::integral_constant<int, 1> set1;
     int64_t g = 0, left = w.bpg;  // the group of the next block to scale, and its blocks left
-    __m512 sv = load16(scales);
+    __m512 sv = load16(scales, 0);
     auto scale = [&](int64_t b, const int32_t* c) {
       scale_into<BITS>(acc, c, sv, d + b, nb, isum + 2 * b, isum + 2 * b + 1, is);
       if (--left == 0) {
         left = w.bpg;
-        if (++g < w.G) sv = load16(scales + g * N16);
+        if (++g < w.G) sv = load16(scales, g);
       }
     };
     dot(set0, 0, c0);
@@ -152,9 +148,9 @@ void tile_rows(const N16Weights<S>& w, int64_t t, const uint8_t* bt, const QActs
     }
   }
   if (w.offset != nullptr) {
-    const S* offs = w.offset + t * w.G * N16;
+    const GroupScales<S> offs = w.offsets(t);
     for (int64_t g = 0; g < w.G; ++g) {
-      const __m512 ov = load16(offs + g * N16);
+      const __m512 ov = load16(offs, g);
       for (int m = 0; m < 16; ++m) acc[m] = _mm512_fmadd_ps(ov, _mm512_set1_ps(x.dsum[(m0 + m) * x.G + g]), acc[m]);
     }
   }

@@ -52,9 +52,20 @@ at::Tensor int_linear_n16(const at::Tensor& x, const at::Tensor& qweight, const 
   TORCH_CHECK(n > 0 && qweight.dim() == 3 && qweight.size(0) == NT && qweight.size(1) == nb &&
                   qweight.size(2) == block_bytes && qweight.scalar_type() == at::kByte && qweight.is_contiguous(),
               "qweight: [ceil(N / 16), K / 32, ", block_bytes, "] uint8 (the n16 layout), contiguous");
-  TORCH_CHECK(scale.dim() == 3 && scale.size(0) == NT && scale.size(1) == G && scale.size(2) == N16 &&
-                  scale.is_contiguous() && (scale.scalar_type() == at::kFloat || scale.scalar_type() == at::kHalf),
-              "scale: [ceil(N / 16), K / group, 16] fp32 or fp16, contiguous");
+  const bool compact = scale.scalar_type() == at::kChar;
+  int64_t gps = 0;  // the compact form's groups per base
+  if (compact) {
+    const int64_t extra = scale.dim() == 2 ? scale.size(1) - G * N16 : -1, bases = extra / 64;
+    TORCH_CHECK(scale.dim() == 2 && scale.size(0) == NT && extra > 0 && extra % 64 == 0 && G % bases == 0 &&
+                    scale.is_contiguous(),
+                "compact scale: int8 [ceil(N / 16), K / group * 16 + B * 64] (multipliers, then B fp32 bases per "
+                "16 outputs, B dividing K / group), contiguous");
+    gps = G / bases;
+  } else {
+    TORCH_CHECK(scale.dim() == 3 && scale.size(0) == NT && scale.size(1) == G && scale.size(2) == N16 &&
+                    scale.is_contiguous() && (scale.scalar_type() == at::kFloat || scale.scalar_type() == at::kHalf),
+                "scale: [ceil(N / 16), K / group, 16] fp32 or fp16, contiguous (or the compact int8 form)");
+  }
   const bool has_offset = offset.numel() > 0;
   TORCH_CHECK(!has_offset || (offset.sizes() == scale.sizes() && offset.scalar_type() == scale.scalar_type() &&
                               offset.is_contiguous()),
@@ -71,7 +82,7 @@ at::Tensor int_linear_n16(const at::Tensor& x, const at::Tensor& qweight, const 
     using S = decltype(tag);
     const N16Weights<S> w{qweight.data_ptr<uint8_t>(), reinterpret_cast<const S*>(scale.data_ptr()),
                           has_offset ? reinterpret_cast<const S*>(offset.data_ptr()) : nullptr,
-                          NT, nb, G, group / QB, n, block_bytes};
+                          NT, nb, G, group / QB, n, block_bytes, gps};
     switch (bits) {
       case 4: run<4, S>(w, acts, M, y.data_ptr<float>(), bp, amx); break;
       case 5: run<5, S>(w, acts, M, y.data_ptr<float>(), bp, amx); break;
@@ -79,7 +90,9 @@ at::Tensor int_linear_n16(const at::Tensor& x, const at::Tensor& qweight, const 
       default: run<8, S>(w, acts, M, y.data_ptr<float>(), bp, amx); break;
     }
   };
-  if (scale.scalar_type() == at::kFloat) {
+  if (compact) {
+    go(int8_t{});
+  } else if (scale.scalar_type() == at::kFloat) {
     go(float{});
   } else {
     go(c10::Half{});

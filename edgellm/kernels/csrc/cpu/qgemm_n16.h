@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Half.h>
 #include <cstdint>
+#include <type_traits>
 
 #include "qacts.h"
 
@@ -23,7 +24,12 @@ namespace edgellm::cpu {
 // bit 4 (and, for 6 bits, the next plane bit 5) of e[64 k + j] in its bit k, k = 0..7 (layout
 // row k). Stored codes are unsigned: e = code + n16_zero(bits) (int8: + 128; 5 bits: + 16; 6
 // bits: + 32; int4: the codes as they are).
-// qweight [NT, K / 32, n16_block_bytes(bits)] uint8; scale and offset [NT, G, 16] fp32 or fp16.
+// qweight [NT, K / 32, n16_block_bytes(bits)] uint8; scale and offset [NT, G, 16] fp32 or fp16,
+// or both in the compact form (int8 [NT, G * 16 + B * 64], GGUF's K-quants, whose group scales and
+// minimums are a small integer times an fp16 per 256 columns): per tile the int8 multipliers
+// [G, 16], then B bases [B, 16] as fp32 bytes, each shared by gps = G / B consecutive groups; the
+// value of group g, output n is float(mult[g][n]) * base[g / gps][n] (exact in fp32, so equal to
+// the fp32 form's values). B follows from the tensor's size.
 constexpr int64_t N16 = 16;
 constexpr int64_t n16_block_bytes(int64_t bits) { return bits == 4 ? 256 : bits == 5 ? 320 : bits == 6 ? 384 : 512; }
 constexpr int32_t n16_zero(int bits) { return bits == 4 ? 0 : 1 << (bits - 1); }
@@ -32,14 +38,36 @@ constexpr int64_t n16_int8_bits(int64_t block_bytes) {
   return block_bytes == n16_block_bytes(5) ? 5 : block_bytes == n16_block_bytes(6) ? 6 : 8;
 }
 
+// One tile's group scales (or offsets): S = float or c10::Half, the values [G, 16]; S = int8_t,
+// the compact form's multipliers [G, 16] and their bases [G / gps, 16].
+template <typename S>
+struct GroupScales {
+  const S* v;
+  const float* base;  // int8_t only
+  int64_t gps;        // int8_t only: groups per base
+  float at(int64_t g, int64_t n) const {  // the value of group g, output n
+    if constexpr (std::is_same_v<S, int8_t>) return static_cast<float>(v[g * 16 + n]) * base[g / gps * 16 + n];
+    else return static_cast<float>(v[g * 16 + n]);
+  }
+};
+
 template <typename S>
 struct N16Weights {
   const uint8_t* q;
-  const S* scale;   // [NT, G, 16]
-  const S* offset;  // [NT, G, 16] or nullptr
+  const S* scale;   // [NT, scale_tile]
+  const S* offset;  // [NT, scale_tile] or nullptr
   int64_t NT, nb, G, bpg, N;  // bpg: blocks per group (0: groups of 16, int8/narrow codes only)
   int64_t tile_bytes() const { return nb * block_bytes; }
   int64_t block_bytes;  // n16_block_bytes(bits)
+  int64_t gps = 0;      // the compact form's groups per base (S = int8_t), else 0
+  // elements of S per tile of scales: G * 16, or for the compact form G * 16 + (G / gps) * 64
+  int64_t scale_tile() const { return gps > 0 ? G * 16 + G / gps * 64 : G * 16; }
+  GroupScales<S> tile_scales(const S* p, int64_t t) const {
+    const S* v = p + t * scale_tile();
+    return {v, gps > 0 ? reinterpret_cast<const float*>(v + G * 16) : nullptr, gps};
+  }
+  GroupScales<S> scales(int64_t t) const { return tile_scales(scale, t); }
+  GroupScales<S> offsets(int64_t t) const { return tile_scales(offset, t); }  // offset != nullptr only
 };
 
 // A tile is read front to back, one stream per thread: more than the hardware prefetcher keeps in
@@ -76,7 +104,9 @@ void n16_tiles(const N16Weights<S>& w, int64_t t0, int64_t t1, const QActs& x, i
   template void fn<bits, float>(const N16Weights<float>&, int64_t, int64_t, const QActs&, int64_t, float*, \
                                 const float*);                                                            \
   template void fn<bits, c10::Half>(const N16Weights<c10::Half>&, int64_t, int64_t, const QActs&, int64_t, \
-                                    float*, const float*);
+                                    float*, const float*);                                                \
+  template void fn<bits, int8_t>(const N16Weights<int8_t>&, int64_t, int64_t, const QActs&, int64_t, float*, \
+                                 const float*);
 #define EDGELLM_N16_INSTANTIATE(fn)    \
   EDGELLM_N16_INSTANTIATE_BITS(fn, 4) \
   EDGELLM_N16_INSTANTIATE_BITS(fn, 5) \

@@ -42,7 +42,7 @@ template <int BITS, int R, int H, typename S>
 void half_rows(const N16Weights<S>& w, int64_t t, int64_t h, const QActs& x, int64_t m0, float* y,
                const float* bias) {
   const uint8_t* base = w.q + t * w.tile_bytes() + h * 32;
-  const S* scales = w.scale + t * w.G * N16 + h * HALF;
+  const GroupScales<S> scales = w.scales(t);
   const int8_t* xa[R];
   for (int m = 0; m < R; ++m) xa[m] = x.a + (m0 + m) * x.K;
   __m256 acc[H][R];
@@ -84,7 +84,7 @@ void half_rows(const N16Weights<S>& w, int64_t t, int64_t h, const QActs& x, int
     if constexpr (BITS != 4) {
       if (w.bpg == 0) {  // groups of 16: each half block (layout rows 0-3, 4-7) has its own scales
         for (int j = 0; j < H; ++j) {
-          const __m256 s_lo = load8(scales + 2 * b * N16 + j * HALF), s_hi = load8(scales + (2 * b + 1) * N16 + j * HALF);
+          const __m256 s_lo = load8(scales, 2 * b, (h + j) * HALF), s_hi = load8(scales, 2 * b + 1, (h + j) * HALF);
           __m256i lo[R], hi[R];
           for (int m = 0; m < R; ++m) {  // int8's sign trick needs no start
             lo[m] = _mm256_set1_epi32(BITS == 8 ? 0 : -Z * isum[m * 2 * x.nb + 2 * b]);
@@ -111,7 +111,7 @@ void half_rows(const N16Weights<S>& w, int64_t t, int64_t h, const QActs& x, int
       }
     }
     if (left-- == 0) {  // the first block of group g
-      for (int j = 0; j < H; ++j) sv[j] = load8(scales + g * N16 + j * HALF);
+      for (int j = 0; j < H; ++j) sv[j] = load8(scales, g, (h + j) * HALF);
       ++g;
       left = w.bpg - 1;
     }

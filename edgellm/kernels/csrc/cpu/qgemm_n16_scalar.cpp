@@ -9,9 +9,6 @@
 namespace edgellm::cpu {
 namespace {
 
-inline float scalar_of(float v) { return v; }
-inline float scalar_of(c10::Half v) { return static_cast<float>(v); }
-
 // code of output 16 t + n, column 32 b + k (the layout's statement, read back)
 template <int BITS>
 inline int32_t code_at(const uint8_t* block, int64_t n, int64_t k) {
@@ -37,13 +34,13 @@ void n16_tiles(const N16Weights<S>& w, int64_t t0, int64_t t1, const QActs& x, i
           const uint8_t* block = w.q + t * w.tile_bytes() + b * w.block_bytes;
           int32_t dot[2] = {0, 0};
           for (int64_t k = 0; k < QB; ++k) dot[k / 16] += code_at<BITS>(block, n, k) * a[b * QB + k];
-          const S* s = w.scale + t * w.G * N16;
-          const float s_lo = scalar_of(s[(w.bpg ? b / w.bpg : 2 * b) * N16 + n]);
-          const float s_hi = w.bpg ? s_lo : scalar_of(s[(2 * b + 1) * N16 + n]);
+          const GroupScales<S> s = w.scales(t);
+          const float s_lo = s.at(w.bpg ? b / w.bpg : 2 * b, n);
+          const float s_hi = w.bpg ? s_lo : s.at(2 * b + 1, n);
           acc += (static_cast<float>(dot[0]) * s_lo + static_cast<float>(dot[1]) * s_hi) * x.d[m * x.nb + b];
         }
         if (w.offset != nullptr)
-          for (int64_t g = 0; g < w.G; ++g) acc += scalar_of(w.offset[(t * w.G + g) * N16 + n]) * x.dsum[m * x.G + g];
+          for (int64_t g = 0; g < w.G; ++g) acc += w.offsets(t).at(g, n) * x.dsum[m * x.G + g];
         y[m * w.N + t * N16 + n] = acc + (bias != nullptr ? bias[t * N16 + n] : 0.f);
       }
     }

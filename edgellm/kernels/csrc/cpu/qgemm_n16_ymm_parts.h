@@ -15,9 +15,16 @@ namespace edgellm::cpu::ymm {
 
 constexpr int64_t HALF = 8;  // outputs per ymm
 
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const c10::Half* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+// Outputs lane .. lane + 7 of group g's scales (or offsets) of a tile (the forms of qgemm_n16.h)
+inline __m256 load8(const GroupScales<float>& s, int64_t g, int64_t lane) {
+  return _mm256_loadu_ps(s.v + g * N16 + lane);
+}
+inline __m256 load8(const GroupScales<c10::Half>& s, int64_t g, int64_t lane) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s.v + g * N16 + lane)));
+}
+inline __m256 load8(const GroupScales<int8_t>& s, int64_t g, int64_t lane) {
+  const __m256i m = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s.v + g * N16 + lane)));
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(m), _mm256_loadu_ps(s.base + g / s.gps * N16 + lane));
 }
 inline __m256i bcast4(const int8_t* p) {  // 4 activation bytes to every lane
   int32_t v;
@@ -58,10 +65,10 @@ template <int R, int H, typename S>
 inline void finish(const N16Weights<S>& w, int64_t t, int64_t h, const QActs& x, int64_t m0, __m256 (&acc)[H][R],
                    float* y, const float* bias) {
   if (w.offset != nullptr) {
-    const S* offs = w.offset + t * w.G * N16 + h * HALF;
+    const GroupScales<S> offs = w.offsets(t);
     for (int64_t g = 0; g < w.G; ++g) {
       for (int j = 0; j < H; ++j) {
-        const __m256 ov = load8(offs + g * N16 + j * HALF);
+        const __m256 ov = load8(offs, g, (h + j) * HALF);
         for (int m = 0; m < R; ++m)
           acc[j][m] = _mm256_fmadd_ps(ov, _mm256_set1_ps(x.dsum[(m0 + m) * x.G + g]), acc[j][m]);
       }

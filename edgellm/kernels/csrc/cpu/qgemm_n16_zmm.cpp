@@ -19,6 +19,7 @@
 #include <immintrin.h>
 
 #include "qgemm_n16_zmm_codes.h"
+#include "qgemm_n16_zmm_scales.h"
 
 #include <algorithm>
 #include <cstring>
@@ -27,10 +28,6 @@
 namespace edgellm::cpu {
 namespace {
 
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const c10::Half* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
 inline __m512i bcast4(const int8_t* p) {  // 4 activation bytes to every lane
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -41,11 +38,11 @@ inline __m512i bcast4(const int8_t* p) {  // 4 activation bytes to every lane
 // group's offsets loaded once for the R rows), + bias, the store of the outputs below N. y: the
 // tile's first column of row m0, rows ldy apart.
 template <int R, typename S>
-inline void finish_rows(const QActs& x, int64_t m0, __m512 (&v)[R], const S* offs, int64_t G, float* y, int64_t ldy,
-                        __mmask16 mask, __m512 bv) {
+inline void finish_rows(const QActs& x, int64_t m0, __m512 (&v)[R], const GroupScales<S>* offs, int64_t G, float* y,
+                        int64_t ldy, __mmask16 mask, __m512 bv) {
   if (offs != nullptr) {
     for (int64_t g = 0; g < G; ++g) {
-      const __m512 ov = load16(offs + g * N16);
+      const __m512 ov = load16(*offs, g);
       for (int u = 0; u < R; ++u) v[u] = _mm512_fmadd_ps(ov, _mm512_set1_ps(x.dsum[(m0 + u) * x.G + g]), v[u]);
     }
   }
@@ -57,7 +54,7 @@ template <int BITS, int MR, typename S>
 void vnni_rows(const N16Weights<S>& w, int64_t t, const QActs& x, int64_t m0, float* y, int64_t ldy,
                const float* bias) {
   const uint8_t* base = w.q + t * w.tile_bytes();
-  const S* scales = w.scale + t * w.G * N16;
+  const GroupScales<S> scales = w.scales(t);
   const int8_t* xa[MR];
   const float* xd[MR];
   const int32_t* xs[MR];
@@ -76,7 +73,7 @@ void vnni_rows(const N16Weights<S>& w, int64_t t, const QActs& x, int64_t m0, fl
     __m512i wv[8];
     unpack_codes_zmm<BITS>(p, wv);
     if (w.bpg == 0) {  // groups of 16 (int8 / narrow codes): each half block has its own scales
-      const __m512 s_lo = load16(scales + 2 * b * N16), s_hi = load16(scales + (2 * b + 1) * N16);
+      const __m512 s_lo = load16(scales, 2 * b), s_hi = load16(scales, 2 * b + 1);
       for (int m = 0; m < MR; ++m) {
         const int8_t* a = xa[m] + b * QB;
         __m512i lo = _mm512_set1_epi32(-Z * xs[m][2 * b]), hi = _mm512_set1_epi32(-Z * xs[m][2 * b + 1]);
@@ -91,7 +88,7 @@ void vnni_rows(const N16Weights<S>& w, int64_t t, const QActs& x, int64_t m0, fl
       continue;
     }
     if (left-- == 0) {  // the first block of group g
-      sv = load16(scales + g++ * N16);
+      sv = load16(scales, g++);
       left = w.bpg - 1;
     }
     for (int m = 0; m < MR; ++m) {
@@ -104,7 +101,8 @@ void vnni_rows(const N16Weights<S>& w, int64_t t, const QActs& x, int64_t m0, fl
   const int64_t n0 = t * N16, valid = std::min<int64_t>(N16, w.N - n0);
   const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
   const __m512 bv = bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
-  finish_rows<MR>(x, m0, acc, w.offset != nullptr ? w.offset + t * w.G * N16 : nullptr, w.G, y + n0, ldy, mask, bv);
+  const GroupScales<S> offs = w.offset != nullptr ? w.offsets(t) : GroupScales<S>{};
+  finish_rows<MR>(x, m0, acc, w.offset != nullptr ? &offs : nullptr, w.G, y + n0, ldy, mask, bv);
 }
 
 constexpr int MR = 8;  // activation rows sharing one pass over a tile's loaded codes
@@ -158,8 +156,8 @@ void wide_rest(const __m512i (&wv)[NT2][8], const __m512 (&sv)[NT2], const QActs
 
 // finish_rows for R rows of the L1 buffer: acc, the first row's 16 sums, rows `stride` floats apart.
 template <int R, typename S>
-inline void wide_finish(const QActs& x, int64_t m0, const float* acc, int64_t stride, const S* offs, int64_t G,
-                        float* y, int64_t ldy, __mmask16 mask, __m512 bv) {
+inline void wide_finish(const QActs& x, int64_t m0, const float* acc, int64_t stride, const GroupScales<S>* offs,
+                        int64_t G, float* y, int64_t ldy, __mmask16 mask, __m512 bv) {
   __m512 v[R];
   for (int u = 0; u < R; ++u) v[u] = _mm512_loadu_ps(acc + u * stride);
   finish_rows<R>(x, m0, v, offs, G, y, ldy, mask, bv);
@@ -179,7 +177,7 @@ void wide_tiles(const N16Weights<S>& w, int64_t t, const QActs& x, int64_t m0, i
       unpack_codes_zmm<BITS>(p, wv[j]);
     }
     if (left-- == 0) {  // the first block of group g
-      for (int j = 0; j < NT2; ++j) sv[j] = load16(w.scale + ((t + j) * w.G + g) * N16);
+      for (int j = 0; j < NT2; ++j) sv[j] = load16(w.scales(t + j), g);
       ++g;
       left = w.bpg - 1;
     }
@@ -191,7 +189,8 @@ void wide_tiles(const N16Weights<S>& w, int64_t t, const QActs& x, int64_t m0, i
     const int64_t n0 = (t + j) * N16, valid = std::min<int64_t>(N16, w.N - n0);
     const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
     const __m512 bv = bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
-    const S* offs = w.offset != nullptr ? w.offset + (t + j) * w.G * N16 : nullptr;
+    const GroupScales<S> o = w.offset != nullptr ? w.offsets(t + j) : GroupScales<S>{};
+    const GroupScales<S>* offs = w.offset != nullptr ? &o : nullptr;
     int64_t m = 0;
     for (; m + WR <= rows; m += WR) wide_finish<WR>(x, m0 + m, acc + (m * NT2 + j) * N16, NT2 * N16, offs, w.G, y + n0,
                                                     w.N, mask, bv);
