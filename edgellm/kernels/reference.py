@@ -98,17 +98,26 @@ def n16_bits(codes: torch.Tensor) -> int:
     return 8
 
 
-def pack_int_n16_ref(q: torch.Tensor, bits: int) -> torch.Tensor:
-    """codes [N, K] (int4: 0..15; 5 / 6 bits: -16..15 / -32..31; int8: -128..127) -> the n16
-    layout qgemm_n16.h reads, [ceil(N / 16), K / 32, n16_block_bytes(bits)] uint8: per tile of 16
-    output rows and 32-column block, e[r * 64 + n * 4 + j] = code(16 t + n, 32 b + 4 r + j) +
-    n16_zero(bits); int4 packs byte i = e[i] | e[i + 256] << 4; 5 / 6 bits store those bytes of
-    e's low nibbles, then per higher bit c (4, then 5) a 64-byte plane whose byte j holds bit c of
-    e[64 k + j] in its bit k. Rows past N hold stored code 0."""
+def n16_other_zero(bits: int) -> int | None:
+    """The other zero a width may be stored with (qgemm_n16.h): int4 codes -8..7 stored + 8
+    (symmetric int4), 5-bit codes 0..31 stored as they are; None for 6 and 8 bits."""
+    return {4: 8, 5: 0}.get(bits)
+
+
+def pack_int_n16_ref(q: torch.Tensor, bits: int, zero: int | None = None) -> torch.Tensor:
+    """codes [N, K] (int4: 0..15; 5 / 6 bits: -16..15 / -32..31; int8: -128..127; with the other
+    zero, int4 -8..7 and 5 bits 0..31) -> the n16 layout qgemm_n16.h reads,
+    [ceil(N / 16), K / 32, n16_block_bytes(bits)] uint8: per tile of 16 output rows and 32-column
+    block, e[r * 64 + n * 4 + j] = code(16 t + n, 32 b + 4 r + j) + zero (default n16_zero(bits));
+    int4 packs byte i = e[i] | e[i + 256] << 4; 5 / 6 bits store those bytes of e's low nibbles,
+    then per higher bit c (4, then 5) a 64-byte plane whose byte j holds bit c of e[64 k + j] in
+    its bit k. Rows past N hold stored code 0."""
     n, k = q.shape
     nt = -(-n // N16)
     e = torch.zeros(nt * N16, k, dtype=torch.int16)
-    e[:n] = q.to(torch.int16) + n16_zero(bits)
+    e[:n] = q.to(torch.int16) + (n16_zero(bits) if zero is None else zero)
+    if n and (int(e[:n].min()) < 0 or int(e[:n].max()) >= 1 << bits):
+        raise ValueError(f"codes do not fit {bits} bits stored with zero {zero}")
     e = (
         e.reshape(nt, N16, k // ACT_BLOCK, 8, 4)
         .permute(0, 2, 3, 1, 4)
@@ -124,7 +133,9 @@ def pack_int_n16_ref(q: torch.Tensor, bits: int) -> torch.Tensor:
     return torch.cat(parts, -1).to(torch.uint8).contiguous()
 
 
-def unpack_int_n16_ref(packed: torch.Tensor, n: int, bits: int) -> torch.Tensor:
+def unpack_int_n16_ref(
+    packed: torch.Tensor, n: int, bits: int, zero: int | None = None
+) -> torch.Tensor:
     """pack_int_n16_ref's codes back: [n, K] int16."""
     nt, nb, _ = packed.shape
     e = packed.to(torch.int16)
@@ -135,7 +146,7 @@ def unpack_int_n16_ref(packed: torch.Tensor, n: int, bits: int) -> torch.Tensor:
             high = (plane[..., None, :] >> torch.arange(8, dtype=torch.int16)[:, None]) & 1
             codes = codes | (high.reshape(nt, nb, 512) << bit)
         e = codes
-    e = e - n16_zero(bits)
+    e = e - (n16_zero(bits) if zero is None else zero)
     return e.reshape(nt, nb, 8, N16, 4).permute(0, 3, 1, 2, 4).reshape(nt * N16, nb * ACT_BLOCK)[:n]
 
 

@@ -41,7 +41,7 @@ _CACHE_DTYPES = (torch.float32, torch.float16, torch.float8_e4m3fn)
 # One linear in the per-layer list (edgellm/kernels/csrc/cpu/decode_layers.h declares the same
 # layout):
 # LINEAR_TENSORS tensors (a, b, c, dense, bias) and LINEAR_META ints (kind, group, max_rows,
-# out_features, amx_rows; the last two for the n16 kinds only).
+# out_features, amx_rows, zero; the last three for the n16 kinds only).
 LINEAR_DENSE, LINEAR_TINYGEMM, LINEAR_INT_DOT, LINEAR_INT8_DOT, LINEAR_INT_N16, LINEAR_INT8_N16 = (
     0,
     1,
@@ -58,7 +58,7 @@ LINEAR_KINDS = [
     LINEAR_INT_N16,
     LINEAR_INT8_N16,
 ]
-LINEAR_TENSORS, LINEAR_META = 5, 5
+LINEAR_TENSORS, LINEAR_META = 5, 6
 META_PER_LAYER = 4 * LINEAR_META + 2  # the 4 linears', the sliding window, the rotary table
 ACT_SILU, ACT_GELU_TANH = 0, 1
 _ACTS = {
@@ -86,7 +86,7 @@ def _linear_tensors(module) -> tuple[list[torch.Tensor], list[int]] | None:
             return None
         return (
             [kernel.packed, kernel.scale_zero, _EMPTY, kernel.dense_weight, bias],
-            [LINEAR_TINYGEMM, kernel.tinygemm_group, kernel.gemv_max_rows, 0, 0],
+            [LINEAR_TINYGEMM, kernel.tinygemm_group, kernel.gemv_max_rows, 0, 0, 0],
         )
     if isinstance(kernel, CpuIntDotKernel):
         if kernel.perm is not None:
@@ -97,13 +97,21 @@ def _linear_tensors(module) -> tuple[list[torch.Tensor], list[int]] | None:
             kind = LINEAR_INT_N16 if kernel.bits == 4 else LINEAR_INT8_N16
             return (
                 [kernel.qweight, kernel.scale, kernel.offset, dense, bias],
-                [kind, kernel.group, max_rows, kernel.n, min(kernel.amx_rows, 1 << 30)],
+                [
+                    kind,
+                    kernel.group,
+                    max_rows,
+                    kernel.n,
+                    min(kernel.amx_rows, 1 << 30),
+                    kernel.zero,
+                ],
             )
         kind = LINEAR_INT_DOT if kernel.bits == 4 else LINEAR_INT8_DOT
         return [kernel.qweight, kernel.scale, kernel.offset, dense, bias], [
             kind,
             kernel.group,
             max_rows,
+            0,
             0,
             0,
         ]
@@ -116,7 +124,7 @@ def _linear_tensors(module) -> tuple[list[torch.Tensor], list[int]] | None:
         or not weight.is_contiguous()
     ):
         return None
-    return [_EMPTY, _EMPTY, _EMPTY, weight, bias], [LINEAR_DENSE, 0, 0, 0, 0]
+    return [_EMPTY, _EMPTY, _EMPTY, weight, bias], [LINEAR_DENSE, 0, 0, 0, 0, 0]
 
 
 def _norm(norm) -> torch.Tensor | None:

@@ -76,7 +76,8 @@ def quick_gguf_kquant_decode(tmp_path):
     assert r["stored_bits"]["Q6_K (8-bit)"] == [8] and set(r["narrow_vs_8bit"]["1"]) >= {"Q5_0", "Q6_K"}
     bytes_ = r["scale_bytes_per_layer"]  # compact K-quant scales: well under half the fp32 form's bytes
     assert 0 < bytes_["Q4_K"] < bytes_["Q4_K (fp32 scales)"] / 2
-    assert set(r["compact_vs_fp32_scales"]["1"]) == {"Q4_K", "Q6_K", "Q4_K_M mix"}
+    assert set(r["compact_vs_fp32_scales"]["1"]) == {"Q4_K", "Q5_K", "Q6_K", "Q4_K_M mix"}
+    assert r["Q4_0_symmetric_vs_offsets"]["1"] > 0 and bytes_["Q4_0"] < bytes_["Q4_0 (offsets)"]
 
 
 def quick_kv_events_overhead(tmp_path):

@@ -18,7 +18,6 @@ from edgellm.kernels import cpu_native
 from edgellm.kernels.reference import (
     ACT_BLOCK,
     int_linear_ref,
-    int_weight_ref,
     pack_int4_blocks_ref,
     pack_int_n16_ref,
     quantize_rows_ref,
@@ -26,13 +25,16 @@ from edgellm.kernels.reference import (
     unpack_int4_blocks_ref,
     unpack_int_n16_ref,
 )
+from tests.helpers.cpu_int_cases import (
+    CODE_RANGE,
+    LAYOUTS,
+    SHAPES,
+    SHAPES16,
+    check_against_reference,
+    int_case,
+    run_int_linear,
+)
 from tests.helpers.isa_levels import ISA_LEVELS, native_at
-
-# (rows M, K, N, group)
-SHAPES = [(1, 96, 37, 32), (3, 192, 21, 64), (5, 128, 9, 128), (2, 64, 5, 64), (7, 320, 13, 320), (17, 96, 11, 32),
-          (4, 288, 19, 96),  # an odd number of blocks, groups of 3 that straddle block pairs
-          # many rows (the wide order of the 512-bit tiles: tile pairs, 4 rows a pass, 64-row chunks):
-          (70, 96, 37, 32), (13, 192, 50, 64), (9, 288, 19, 96)]
 
 
 @pytest.mark.parametrize("level", ISA_LEVELS)
@@ -50,49 +52,10 @@ def native(request):
     return native_at(request.param)
 
 
-# int8 codes also come in groups of 16 (GGUF Q6_K / Q3_K / Q2_K sub-blocks)
-SHAPES16 = [(1, 96, 37, 16), (3, 64, 21, 16), (17, 160, 11, 16), (2, 32, 5, 16)]
-
-
-# the codes each storage holds (5 and 6 bits: int8 codes the n16 layout stores narrow)
-CODE_RANGE = {4: (0, 15), 5: (-16, 15), 6: (-32, 31), 8: (-128, 127)}
-
-
-def _case(m: int, k: int, n: int, group: int, bits: int, half: bool, seed: int, offsets: bool = True):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, k, generator=g) * torch.rand(m, 1, generator=g) * 4
-    x[:, ::7] *= 20  # outliers inside blocks: the blocks' steps differ widely
-    lo, hi = CODE_RANGE[bits]
-    q = torch.randint(lo, hi + 1, (n, k), generator=g)
-    offset = torch.randn(n, k // group, generator=g) if offsets or bits == 4 else None
-    scale = torch.rand(n, k // group, generator=g) * 0.1 + 0.01
-    if half:
-        scale = scale.half()
-        offset = None if offset is None else offset.half()
-    bias = torch.randn(n, generator=g)
-    return x, q, scale, offset, bias
-
-
-# weights in the row layout (qgemm.h), and in the n16 layout (qgemm_n16.h) on VNNI (scalar code
-# below avx512) and on AMX tiles from the first row (where the process runs them; VNNI otherwise)
-LAYOUTS = ["rows", "n16", "n16-amx"]
-
-
-def _run(native, x, q, scale, offset, bits, group, bias, layout="rows"):
-    empty = torch.empty(0)
-    bias = empty if bias is None else bias
-    if layout == "rows":
-        qweight = pack_int4_blocks_ref(q) if bits == 4 else q.to(torch.int8)
-        return native.int_linear(x, qweight, scale, empty if offset is None else offset, bits, group, bias)
-    offset = empty if offset is None else tile_n16_ref(offset)
-    return native.int_linear_n16(x, pack_int_n16_ref(q, bits), tile_n16_ref(scale), offset, bits, group, bias,
-                                 q.shape[0], 1 if layout == "n16-amx" else 1 << 62)
-
-
 @pytest.mark.parametrize("shape", SHAPES)
 def test_activation_codes_equal_the_reference(native, shape):
     m, k, _, group = shape
-    x, *_ = _case(m, k, 1, group, 4, False, seed=k + m)
+    x, *_ = int_case(m, k, 1, group, 4, False, seed=k + m)
     x[0, :ACT_BLOCK] = 0.0  # an all-zero block: step 0, codes 0
     a, d, dsum = native.quantize_rows(x, group)
     ra, rd, rdsum = quantize_rows_ref(x, group)
@@ -104,7 +67,7 @@ def test_activation_codes_equal_the_reference(native, shape):
 @pytest.mark.parametrize("shape", SHAPES16)
 def test_activation_sums_per_half_block(native, shape):
     m, k, _, group = shape
-    x, *_ = _case(m, k, 1, group, 8, False, seed=k + m)
+    x, *_ = int_case(m, k, 1, group, 8, False, seed=k + m)
     a, d, dsum = native.quantize_rows(x, group)
     ra, rd, rdsum = quantize_rows_ref(x, group)
     assert dsum.shape == (m, k // 16) and torch.equal(a, ra) and torch.equal(d, rd)
@@ -122,35 +85,14 @@ NARROW = [(s, b, o) for b in (5, 6) for s in SHAPES + SHAPES16 for o in (False, 
 @pytest.mark.parametrize("half", [False, True])
 @pytest.mark.parametrize("shape,bits,offsets", CASES)
 def test_int_linear_matches_the_reference(native, shape, bits, offsets, half, layout):
-    _check_against_reference(native, shape, bits, offsets, half, layout)
+    check_against_reference(native, shape, bits, offsets, half, layout)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS[1:])
 @pytest.mark.parametrize("half", [False, True])
 @pytest.mark.parametrize("shape,bits,offsets", NARROW)
 def test_narrow_codes_match_the_reference(native, shape, bits, offsets, half, layout):
-    _check_against_reference(native, shape, bits, offsets, half, layout)
-
-
-def _check_against_reference(native, shape, bits, offsets, half, layout):
-    m, k, n, group = shape
-    x, q, scale, offset, bias = _case(m, k, n, group, bits, half, seed=n * 31 + bits, offsets=offsets)
-    y = _run(native, x, q, scale, offset, bits, group, bias, layout)
-    assert y.shape == (m, n) and y.dtype == torch.float32
-    want = int_linear_ref(x, q, scale, offset, group, bias)
-    w = int_weight_ref(q, scale, offset, group).double()
-    codes, d, _ = quantize_rows_ref(x, group)
-    xq = (codes.double().reshape(m, -1, ACT_BLOCK) * d.double()[..., None]).reshape(m, k)
-    # (1) exact arithmetic on the rounded activations, up to fp32 summation noise
-    magnitude = xq.abs() @ w.abs().t() + (offset is not None) * 1.0
-    assert ((y.double() - want).abs() <= 1e-5 * magnitude + 1e-5).all()
-    # (2) against the unrounded product: within the int8 rounding bound, and not trivially equal
-    exact = x.double() @ w.t() + bias.double()
-    step = d.double().repeat_interleave(ACT_BLOCK, 1)  # [m, k]: each column's block step
-    bound = (step / 2) @ w.abs().t() + 1e-4 * magnitude
-    err = (y.double() - exact).abs()
-    assert (err <= bound).all()
-    assert err.max() > 0
+    check_against_reference(native, shape, bits, offsets, half, layout)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -172,7 +114,7 @@ def test_extreme_codes_do_not_saturate(native, bits, sign, group, layout):
     q[1::2, ::3] = lo if bits in (4, 5, 6) else hi  # some rows not constant
     scale = torch.rand(n, k // group) * 0.1 + 0.01
     offset = torch.randn(n, k // group)
-    y = _run(native, x, q, scale, offset, bits, group, None, layout)
+    y = run_int_linear(native, x, q, scale, offset, bits, group, None, layout)
     want = int_linear_ref(x, q, scale, offset, group, None).float()
     assert torch.equal(quantize_rows_ref(x, group)[0].abs(), torch.full((m, k), 127, dtype=torch.int8))
     torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
@@ -211,10 +153,10 @@ def test_n16_packing_round_trips(bits):
 def test_n16_paths_agree_with_the_row_layout(native, rows):
     """The same weights in both layouts, on VNNI and on AMX tiles (where they run): the exact
     integer block dots make every path equal up to fp32 summation order."""
-    x, q, scale, offset, bias = _case(rows, 256, 70, 64, 4, True, seed=rows)
-    want = _run(native, x, q, scale, offset, 4, 64, bias)
+    x, q, scale, offset, bias = int_case(rows, 256, 70, 64, 4, True, seed=rows)
+    want = run_int_linear(native, x, q, scale, offset, 4, 64, bias)
     for layout in LAYOUTS[1:]:
-        got = _run(native, x, q, scale, offset, 4, 64, bias, layout)
+        got = run_int_linear(native, x, q, scale, offset, 4, 64, bias, layout)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
 
 
@@ -223,7 +165,7 @@ def test_n16_rows_do_not_depend_on_the_batch(native, bits, group):
     """Each row's outputs come out of the same operations whatever rows share its call (decode
     rows one by one, or a prefill chunk of 70 in the many-rows order, groups of 16 too):
     bit-equal, not just close, so a request's logits do not depend on what it is batched with."""
-    x, q, scale, offset, bias = _case(70, 160, 45, group, bits, False, seed=bits, offsets=True)
+    x, q, scale, offset, bias = int_case(70, 160, 45, group, bits, False, seed=bits, offsets=True)
     args = (pack_int_n16_ref(q, bits), tile_n16_ref(scale), tile_n16_ref(offset), bits, group, bias, 45, 1 << 62)
     whole = native.int_linear_n16(x, *args)
     for lo, hi in ((0, 1), (1, 9), (9, 13), (13, 70)):

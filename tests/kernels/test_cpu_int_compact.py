@@ -20,7 +20,7 @@ from edgellm.kernels.reference import (
     tile_n16_ref,
 )
 from tests.helpers.isa_levels import ISA_LEVELS, native_at
-from tests.kernels.test_cpu_int import CODE_RANGE
+from tests.helpers.cpu_int_cases import CODE_RANGE
 
 
 @pytest.fixture(scope="module", params=ISA_LEVELS)
@@ -48,7 +48,7 @@ def _compact_case(m, k, n, group, bits, offsets, seed):
     return x, q, (base, mult), off, torch.randn(n, generator=g)
 
 
-def _run(native, x, q, bits, group, scale, offset, bias, compact, amx_rows):
+def run_int_linear(native, x, q, bits, group, scale, offset, bias, compact, amx_rows):
     empty = torch.empty(0)
     if compact:
         s = compact_scales_n16_ref(scale[1], scale[0])
@@ -81,8 +81,8 @@ def test_compact_scales_equal_the_fp32_form(native, case, amx):
     m, k, n, group, bits, offsets = case
     x, q, scale, offset, bias = _compact_case(m, k, n, group, bits, offsets, seed=m * k + n)
     rows = 1 if amx else 1 << 62  # AMX tiles from the first row where this process runs them
-    got = _run(native, x, q, bits, group, scale, offset, bias, True, rows)
-    want = _run(native, x, q, bits, group, scale, offset, bias, False, rows)
+    got = run_int_linear(native, x, q, bits, group, scale, offset, bias, True, rows)
+    want = run_int_linear(native, x, q, bits, group, scale, offset, bias, False, rows)
     assert torch.equal(got, want)
     # and the values are the right ones: the plain reference, within fp32 summation noise
     ref = int_linear_ref(

@@ -73,7 +73,7 @@ def _codes_of(kernel: CpuIntDotKernel) -> torch.Tensor:
     from edgellm.kernels.reference import unpack_int4_blocks_ref, unpack_int_n16_ref
 
     if kernel.n16:
-        return unpack_int_n16_ref(kernel.qweight, kernel.n, kernel.bits)
+        return unpack_int_n16_ref(kernel.qweight, kernel.n, kernel.bits, kernel.zero)
     return kernel.qweight if kernel.bits == 8 else unpack_int4_blocks_ref(kernel.qweight)
 
 
@@ -90,10 +90,10 @@ def _scales_of(kernel: CpuIntDotKernel) -> tuple[torch.Tensor, torch.Tensor | No
                                                 (0, 31, False, 5), (-32, 31, False, 6), (0, 63, True, 8),
                                                 (-128, 127, True, 8)])
 def test_int8_codes_are_stored_as_narrow_as_they_fit(level, lo, hi, offsets, bits):
-    """Int8Codes within -16..15 are stored in 5 bits, within 0..31 (Q5_1 / Q5_K) minus 16 in 5 bits
-    with their offsets moved by 16 x scale, within -32..31 in 6 bits, else in 8 (the row layout:
-    always 8); the kernel's product stays the weights' integer-dot product (W from the codes as
-    given), up to fp32 summation and the moved offsets' rounding."""
+    """Int8Codes within -16..15 are stored in 5 bits, within 0..31 (Q5_1 / Q5_K) as they are in 5
+    bits (zero 0), within -32..31 in 6 bits, else in 8 (the row layout: always 8); the kernel's
+    product stays the weights' integer-dot product (W from the codes as given), up to fp32
+    summation."""
     from edgellm.kernels.reference import int_weight_ref, quantize_rows_ref
 
     isa = CpuIsa(level, detect())
@@ -105,6 +105,8 @@ def test_int8_codes_are_stored_as_narrow_as_they_fit(level, lo, hi, offsets, bit
     offset = torch.randn(n, k // group, generator=g) if offsets else None
     kernel = CpuIntDotKernel(Int8Codes(q, scale, group, offsets=offset), platform.native(), platform)
     assert kernel.bits == (bits if isa.n16 else 8)
+    unsigned5 = bits == 5 and lo >= 0 and hi > 15  # 0..31: stored as they are
+    assert kernel.zero == ((0 if unsigned5 else {5: 16, 6: 32, 8: 128}[bits]) if isa.n16 else 0)
     x = torch.randn(9, k, generator=g)
     codes, d, _ = quantize_rows_ref(x, group)
     xq = (codes.double().reshape(9, -1, 32) * d.double()[..., None]).reshape(9, k)

@@ -129,8 +129,11 @@ def test_int4_auto_path_is_integer_dots_over_rounded_activations(int4_case):
     def weight_of(k):  # codes, scale, offset [N, ...] from the kernel's layout (rows, or n16 on VNNI)
         if not k.n16:
             return unpack_int4_blocks_ref(k.qweight), k.scale.float(), k.offset.float()
-        rows = [t.float().transpose(1, 2).reshape(-1, t.shape[1])[: k.n] for t in (k.scale, k.offset)]
-        return unpack_int_n16_ref(k.qweight, k.n, 4), *rows
+        def rows(t):
+            return t.float().transpose(1, 2).reshape(-1, t.shape[1])[: k.n]
+        # symmetric codes are stored - 8 under zero 8, with no offsets
+        offset = rows(k.offset) if k.offset.numel() else None
+        return unpack_int_n16_ref(k.qweight, k.n, 4, k.zero), rows(k.scale), offset
 
     (_, _, opts), path, want, ref = int4_case
     # fused modules whose shards have different act-order permutations stay dense (exact)

@@ -143,10 +143,7 @@ def test_compact_scales_change_no_bit(type_name):
     codes.scale_split = codes.offset_split = None
     plain = CpuIntDotKernel(codes, native, platform)
     assert plain.scale.dtype == torch.float32
-    if type_name == "Q5_K":  # its codes are stored minus 16, its offsets moved: no split form of those
-        assert kernel.scale.dtype == torch.float32
-    else:
-        assert kernel.scale.dtype == torch.int8 and kernel.scale.nbytes <= plain.scale.nbytes / 2
+    assert kernel.scale.dtype == torch.int8 and kernel.scale.nbytes <= plain.scale.nbytes / 2
     for rows in (1, 4, 40):
         x = torch.randn(rows, 512) * 2
         assert torch.equal(kernel.int_dot(x, None), plain.int_dot(x, None)), rows

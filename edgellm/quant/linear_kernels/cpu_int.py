@@ -7,7 +7,8 @@ are, the scales (and offsets) in fp16 when lossless; everything below holds for 
 n16 layout, codes within -16..15 (Q5_0, Q3_K, Q2_K) are stored in 5 bits and codes within -32..31
 (Q6_K, modules mixing Q4_K and Q6_K; IQ4's grid is wider) in 6 bits instead of 8 (`bits`): a decode
 step reads fewer bytes, and the integer sums are the same. Codes within 0..31 (Q5_1, Q5_K) are
-stored minus 16 in 5 bits, their offsets plus 16 x scale (cpu_int_storage.stored_codes). Scales
+stored as they are in 5 bits, and symmetric int4 codes (Q4_0, symmetric GPTQ) as the codes - 8
+stored + 8 with no offsets (both: another zero for the stored codes, qgemm_n16.h). Scales
 and offsets that the codes carry as K-quants' integer multipliers of an fp16 per 256 columns
 (SplitScales) are stored so in the n16 layout (cpu_int_storage.compact_scales): Q4_K's read 48
 bytes per 32 columns of a 16-output tile instead of 128.
@@ -51,6 +52,7 @@ from edgellm.quant.linear_kernels.cpu_int_storage import (
     fp16_pair_if_exact,
     int4_affine,
     stored_codes,
+    symmetric_int4,
 )
 
 if TYPE_CHECKING:
@@ -96,18 +98,21 @@ class CpuIntDotKernel(LinearKernel):
         int8 = isinstance(codes, Int8Codes)
         self.n16 = platform.isa.n16  # the interleaved layout (else the row layout)
         self.bits = 8 if int8 else 4  # the stored width (int8 codes in the n16 layout: 5, 6 or 8)
+        self.zero = 0  # n16: what the stored codes hold on top of the codes (qgemm_n16.h)
         if int8:
-            offsets = codes.offsets
             if self.n16:
-                q, offsets, self.bits = stored_codes(q, codes.scales, offsets)
-            if offsets is None:
+                self.bits, self.zero = stored_codes(q)
+            if codes.offsets is None:
                 scale, offset = fp16_if_exact(codes.scales), _EMPTY
             else:
-                scale, offset = fp16_pair_if_exact(codes.scales.float(), offsets.float())
+                scale, offset = fp16_pair_if_exact(codes.scales.float(), codes.offsets.float())
+        elif self.n16 and symmetric_int4(codes):  # codes q - 8 stored + 8: no offsets to read
+            q, self.zero = q.to(torch.int16) - 8, 8
+            scale, offset = fp16_if_exact(codes.scales.float()), _EMPTY
         else:
             scale, offset = fp16_pair_if_exact(*int4_affine(codes))
         if self.n16:
-            self.qweight = pack_int_n16_ref(q, self.bits)
+            self.qweight = pack_int_n16_ref(q, self.bits, self.zero)
             compact = None if perm is not None else compact_scales(codes, scale, offset)
             if compact is not None:
                 self.scale, self.offset = compact
@@ -173,6 +178,7 @@ class CpuIntDotKernel(LinearKernel):
                 b,
                 self.n,
                 self.amx_rows if amx_rows is None else amx_rows,
+                self.zero,
             )
         return self.native.int_linear(
             x2, self.qweight, self.scale, self.offset, self.bits, self.group, b

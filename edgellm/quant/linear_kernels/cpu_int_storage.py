@@ -15,22 +15,24 @@ if TYPE_CHECKING:
     from edgellm.quant.int_codes import Int4Codes, Int8Codes
 
 
-def stored_codes(
-    q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor | None, int]:
-    """(codes, offsets, bits) as the n16 layout stores int8 codes [N, K] with group scales and
-    offsets [N, G]: the narrowest width they fit (reference.n16_bits), except that codes within
-    0..31 (Q5_1 and Q5_K's) are stored in 5 bits minus 16, each offset plus 16 x its scale (the
-    product exact, the sum one fp32 rounding: W = scale * (q - 16) + (offset + 16 * scale))."""
-    from edgellm.kernels.reference import n16_bits
+def stored_codes(q: torch.Tensor) -> tuple[int, int]:
+    """(bits, zero) the n16 layout stores int8 codes [N, K] in: the narrowest width they fit
+    (reference.n16_bits) with that width's zero, except that codes within 0..31 (Q5_1 and Q5_K's)
+    are stored in 5 bits as they are (zero 0, reference.n16_other_zero)."""
+    from edgellm.kernels.reference import n16_bits, n16_zero
 
     bits = n16_bits(q)
     if bits == 6 and int(q.min()) >= 0 and int(q.max()) <= 31:
-        base = (
-            offset.float() if offset is not None else torch.zeros_like(scale, dtype=torch.float32)
-        )
-        return (q.to(torch.int16) - 16).to(torch.int8), base + 16.0 * scale.float(), 5
-    return q, offset, bits
+        return 5, 0
+    return bits, n16_zero(bits)
+
+
+def symmetric_int4(codes: Int4Codes) -> bool:
+    """Whether W = scale * (q - 8) with no offsets (GGUF Q4_0, symmetric GPTQ / compressed-tensors):
+    the n16 layout then stores q as the codes q - 8 with zero 8, and no offsets."""
+    if codes.offsets is not None:
+        return False
+    return codes.zeros is None or bool((codes.zeros == 8).all())
 
 
 def fp16_if_exact(scale: torch.Tensor) -> torch.Tensor:

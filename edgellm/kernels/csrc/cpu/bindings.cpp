@@ -26,7 +26,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", torch::wrap_pybind_function(edgellm::cpu::rms_norm), "rms_norm");
   m.def("layout", &edgellm::cpu::layout, "the fused decode's per-layer layout (decode_layers.h)");
   m.def("int_linear", torch::wrap_pybind_function(edgellm::cpu::int_linear_op), "int_linear");
-  m.def("int_linear_n16", torch::wrap_pybind_function(edgellm::cpu::int_linear_n16_op), "int_linear_n16");
+  m.def("int_linear_n16", torch::wrap_pybind_function(edgellm::cpu::int_linear_n16_op), "int_linear_n16",
+        pybind11::arg("x"), pybind11::arg("qweight"), pybind11::arg("scale"), pybind11::arg("offset"),
+        pybind11::arg("bits"), pybind11::arg("group"), pybind11::arg("bias"), pybind11::arg("n"),
+        pybind11::arg("amx_rows"), pybind11::arg("zero") = -1);
   m.def("n16_variant", []() { return std::string(edgellm::cpu::n16_variant()); },
         "which vpdpbusd the n16 tiles run: avx512-vnni, avx-vnni or scalar");
   m.def("amx_ready", &edgellm::cpu::amx_ready, "whether AMX tiles run in this process");

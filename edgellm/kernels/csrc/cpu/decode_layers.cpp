@@ -49,7 +49,7 @@ static at::Tensor linear(const at::Tensor& x, const at::Tensor* t, const int64_t
   if ((kind == LINEAR_INT_N16 || kind == LINEAR_INT8_N16) && (small || dense.numel() == 0)) {
     // int8 kinds in the n16 layout may hold narrow codes: the block size says how many bits
     const int64_t bits = kind == LINEAR_INT_N16 ? 4 : n16_int8_bits(a.size(2));
-    return int_linear_n16(x.contiguous(), a, b, c, bits, group, bias, m[3], m[4]);
+    return int_linear_n16(x.contiguous(), a, b, c, bits, group, bias, m[3], m[4], m[5]);
   }
   at::Tensor y;
   if (kind == LINEAR_TINYGEMM && small) {

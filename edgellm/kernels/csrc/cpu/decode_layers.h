@@ -9,18 +9,18 @@ namespace edgellm::cpu {
 
 // The per-layer layout (models/fused_decode.py builds it; layout() reports these so that Python
 // checks it against its own at load). One linear is LINEAR_TENSORS tensors (a, b, c, dense, bias)
-// and LINEAR_META ints (kind, group, max_rows, out_features, amx_rows):
+// and LINEAR_META ints (kind, group, max_rows, out_features, amx_rows, zero):
 //   kind 0: dense only (fp32, or bf16 plain / oneDNN-blocked);
 //   kind 1: torch's int4 GEMV up to max_rows rows (a: packed, b: scale_zero; group: its group);
 //   kind 2: int4 integer dots up to max_rows rows (a: qweight, b: scale, c: offset; qgemm.h),
 //           the dense matrix beyond when given;
 //   kind 3: the same with int8 codes (no offset);
 //   kinds 4, 5: kinds 2, 3 in the n16 layout (qgemm_n16.h: a, b, c as int_linear_n16 takes
-//           them; out_features its n, AMX tiles from amx_rows rows).
-// out_features and amx_rows are 0 for kinds 0-3.
+//           them; out_features its n, AMX tiles from amx_rows rows, zero its zero).
+// out_features, amx_rows and zero are 0 for kinds 0-3.
 constexpr int64_t LINEAR_DENSE = 0, LINEAR_TINYGEMM = 1, LINEAR_INT_DOT = 2, LINEAR_INT8_DOT = 3,
                   LINEAR_INT_N16 = 4, LINEAR_INT8_N16 = 5;
-constexpr int64_t LINEAR_TENSORS = 5, LINEAR_META = 5;
+constexpr int64_t LINEAR_TENSORS = 5, LINEAR_META = 6;
 // input norm, q norm, k norm, qkv, o, attention output norm, MLP input norm, gate_up, down, MLP
 // output norm, kv cache (a norm that is an empty tensor is absent)
 constexpr int64_t PER_LAYER = 3 + 2 * LINEAR_TENSORS + 2 + 2 * LINEAR_TENSORS + 1 + 1;

@@ -41,9 +41,16 @@ const char* n16_variant() {
 
 at::Tensor int_linear_n16(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                           const at::Tensor& offset, int64_t bits, int64_t group, const at::Tensor& bias, int64_t n,
-                          int64_t amx_rows) {
+                          int64_t amx_rows, int64_t zero) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x: [M, K] fp32, contiguous");
   TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, "bits must be 4, 5, 6 or 8");
+  if (zero < 0) zero = n16_zero(static_cast<int>(bits));
+  TORCH_CHECK(zero == n16_zero(static_cast<int>(bits)) || zero == n16_other_zero(static_cast<int>(bits)),
+              "zero must be ", n16_zero(static_cast<int>(bits)),
+              n16_other_zero(static_cast<int>(bits)) >= 0
+                  ? " or " + std::to_string(n16_other_zero(static_cast<int>(bits)))
+                  : std::string(),
+              " for ", bits, "-bit codes, got ", zero);
   const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK((group == QB / 2 && bits != 4) || (group > 0 && group % QB == 0),
               "group must be a multiple of 32 (or 16 for int8 and 5/6-bit codes), got ", group);
@@ -82,7 +89,7 @@ at::Tensor int_linear_n16(const at::Tensor& x, const at::Tensor& qweight, const 
     using S = decltype(tag);
     const N16Weights<S> w{qweight.data_ptr<uint8_t>(), reinterpret_cast<const S*>(scale.data_ptr()),
                           has_offset ? reinterpret_cast<const S*>(offset.data_ptr()) : nullptr,
-                          NT, nb, G, group / QB, n, block_bytes, gps};
+                          NT, nb, G, group / QB, n, block_bytes, gps, static_cast<int32_t>(zero)};
     switch (bits) {
       case 4: run<4, S>(w, acts, M, y.data_ptr<float>(), bp, amx); break;
       case 5: run<5, S>(w, acts, M, y.data_ptr<float>(), bp, amx); break;
@@ -102,9 +109,9 @@ at::Tensor int_linear_n16(const at::Tensor& x, const at::Tensor& qweight, const 
 
 at::Tensor int_linear_n16_op(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                              const at::Tensor& offset, int64_t bits, int64_t group, const at::Tensor& bias,
-                             int64_t n, int64_t amx_rows) {
+                             int64_t n, int64_t amx_rows, int64_t zero) {
   pybind11::gil_scoped_release no_gil;  // pure tensor work: let the server's event loop run meanwhile
-  return int_linear_n16(x, qweight, scale, offset, bits, group, bias, n, amx_rows);
+  return int_linear_n16(x, qweight, scale, offset, bits, group, bias, n, amx_rows, zero);
 }
 
 }  // namespace edgellm::cpu

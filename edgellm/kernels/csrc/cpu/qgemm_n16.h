@@ -23,7 +23,8 @@ namespace edgellm::cpu {
 // bytes for bits 0-3 of e (256 bytes), then one 64-byte plane per higher bit: plane byte j holds
 // bit 4 (and, for 6 bits, the next plane bit 5) of e[64 k + j] in its bit k, k = 0..7 (layout
 // row k). Stored codes are unsigned: e = code + n16_zero(bits) (int8: + 128; 5 bits: + 16; 6
-// bits: + 32; int4: the codes as they are).
+// bits: + 32; int4: the codes as they are), or + n16_other_zero(bits) (int4 -8..7: + 8; 5-bit 0..31:
+// as they are); the kernels subtract the zero in integers, from the activations' half-block sums.
 // qweight [NT, K / 32, n16_block_bytes(bits)] uint8; scale and offset [NT, G, 16] fp32 or fp16,
 // or both in the compact form (int8 [NT, G * 16 + B * 64], GGUF's K-quants, whose group scales and
 // minimums are a small integer times an fp16 per 256 columns): per tile the int8 multipliers
@@ -33,6 +34,10 @@ namespace edgellm::cpu {
 constexpr int64_t N16 = 16;
 constexpr int64_t n16_block_bytes(int64_t bits) { return bits == 4 ? 256 : bits == 5 ? 320 : bits == 6 ? 384 : 512; }
 constexpr int32_t n16_zero(int bits) { return bits == 4 ? 0 : 1 << (bits - 1); }
+// The other zero a width may be stored with: int4 codes -8..7 stored + 8 (symmetric int4: GGUF Q4_0,
+// GPTQ's symmetric codes, W = scale * code with no offset), 5-bit codes 0..31 stored as they are
+// (GGUF Q5_1 and Q5_K); -1 where there is none.
+constexpr int32_t n16_other_zero(int bits) { return bits == 4 ? 8 : bits == 5 ? 0 : -1; }
 // The width of int8-kind codes (5, 6 or 8) from their block size (n16_block_bytes' inverse).
 constexpr int64_t n16_int8_bits(int64_t block_bytes) {
   return block_bytes == n16_block_bytes(5) ? 5 : block_bytes == n16_block_bytes(6) ? 6 : 8;
@@ -60,6 +65,7 @@ struct N16Weights {
   int64_t tile_bytes() const { return nb * block_bytes; }
   int64_t block_bytes;  // n16_block_bytes(bits)
   int64_t gps = 0;      // the compact form's groups per base (S = int8_t), else 0
+  int32_t zero = 0;     // what was added to the codes to store them (n16_zero(bits), or n16_zeros' other)
   // elements of S per tile of scales: G * 16, or for the compact form G * 16 + (G / gps) * 64
   int64_t scale_tile() const { return gps > 0 ? G * 16 + G / gps * 64 : G * 16; }
   GroupScales<S> tile_scales(const S* p, int64_t t) const {
@@ -80,16 +86,18 @@ inline void prefetch_ahead(const uint8_t* block, int64_t block_bytes) {
 }
 
 // y [M, N] fp32 = x W^T (+ bias) with W as the row layout's contract (qgemm.h) in the n16 layout
-// above; `n` = N; bits 4, 5, 6 or 8 (5 and 6: int8 codes within -16..15 or -32..31, stored narrow).
+// above; `n` = N; bits 4, 5, 6 or 8 (5 and 6: int8 codes within -16..15 or -32..31, stored narrow);
+// zero: what the stored codes hold on top of the codes, n16_zero(bits) (-1 says that) or
+// n16_other_zero(bits).
 // Rows run as AMX tiles when M >= amx_rows and the build and the OS allow AMX,
 // else by VNNI dot products (AVX-512 VNNI or AVX-VNNI builds), AVX2's vpmaddubsw or scalar code;
 // the integer block dots are exact either way, so every path returns the same sums up to fp32 summation order.
 at::Tensor int_linear_n16(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                           const at::Tensor& offset, int64_t bits, int64_t group, const at::Tensor& bias, int64_t n,
-                          int64_t amx_rows);
+                          int64_t amx_rows, int64_t zero = -1);
 at::Tensor int_linear_n16_op(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale,
                              const at::Tensor& offset, int64_t bits, int64_t group, const at::Tensor& bias,
-                             int64_t n, int64_t amx_rows);
+                             int64_t n, int64_t amx_rows, int64_t zero);
 
 // Outputs y[m, 16 t + n] (+ bias) for tiles [t0, t1) and all M rows, by vpdpbusd where the build
 // has it (one definition per build: qgemm_n16_zmm.cpp, qgemm_n16_ymm.cpp), else by vpmaddubsw

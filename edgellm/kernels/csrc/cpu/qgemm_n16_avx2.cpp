@@ -65,7 +65,7 @@ void half_rows(const N16Weights<S>& w, int64_t t, int64_t h, const QActs& x, int
       in_register(s[m]);
     }
   };
-  constexpr int32_t Z = n16_zero(BITS);
+  const int32_t Z = w.zero;
   const int32_t* isum = x.isum + m0 * 2 * x.nb;  // row m's half-block sums: isum + m * 2 * nb
   // int8: add layout row r's products for the R rows into s[m] (int32)
   auto dot8 = [&](__m256i* s, const __m256i c, int64_t col) {
@@ -129,7 +129,11 @@ void half_rows(const N16Weights<S>& w, int64_t t, int64_t h, const QActs& x, int
             in_register(s[j][m]);
           }
         }
-        for (int m = 0; m < R; ++m) s[j][m] = _mm256_madd_epi16(s[j][m], ones);
+        for (int m = 0; m < R; ++m) {
+          s[j][m] = _mm256_madd_epi16(s[j][m], ones);
+          if (Z != 0)  // symmetric int4: codes stored + 8
+            s[j][m] = _mm256_sub_epi32(s[j][m], _mm256_set1_epi32(Z * (isum[m * 2 * x.nb + 2 * b] + isum[m * 2 * x.nb + 2 * b + 1])));
+        }
       } else if constexpr (BITS == 8) {
         for (int m = 0; m < R; ++m) s[j][m] = _mm256_setzero_si256();
         for (int r = 0; r < 8; ++r) dot8(s[j], codes8(p, j, r), b * QB + 4 * r);

@@ -11,13 +11,13 @@ namespace {
 
 // code of output 16 t + n, column 32 b + k (the layout's statement, read back)
 template <int BITS>
-inline int32_t code_at(const uint8_t* block, int64_t n, int64_t k) {
+inline int32_t code_at(const uint8_t* block, int64_t n, int64_t k, int32_t zero) {
   const int64_t e = (k / 4) * 64 + n * 4 + k % 4;
-  if constexpr (BITS == 8) return static_cast<int32_t>(block[e]) - 128;
+  if constexpr (BITS == 8) return static_cast<int32_t>(block[e]) - zero;
   int32_t c = e < 256 ? (block[e] & 15) : (block[e - 256] >> 4);
   if constexpr (BITS >= 5) c |= ((block[256 + e % 64] >> (e / 64)) & 1) << 4;
   if constexpr (BITS == 6) c |= ((block[320 + e % 64] >> (e / 64)) & 1) << 5;
-  return c - n16_zero(BITS);
+  return c - zero;
 }
 
 }  // namespace
@@ -33,7 +33,7 @@ void n16_tiles(const N16Weights<S>& w, int64_t t0, int64_t t1, const QActs& x, i
         for (int64_t b = 0; b < w.nb; ++b) {
           const uint8_t* block = w.q + t * w.tile_bytes() + b * w.block_bytes;
           int32_t dot[2] = {0, 0};
-          for (int64_t k = 0; k < QB; ++k) dot[k / 16] += code_at<BITS>(block, n, k) * a[b * QB + k];
+          for (int64_t k = 0; k < QB; ++k) dot[k / 16] += code_at<BITS>(block, n, k, w.zero) * a[b * QB + k];
           const GroupScales<S> s = w.scales(t);
           const float s_lo = s.at(w.bpg ? b / w.bpg : 2 * b, n);
           const float s_hi = w.bpg ? s_lo : s.at(2 * b + 1, n);

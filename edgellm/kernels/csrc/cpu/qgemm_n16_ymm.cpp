@@ -38,7 +38,7 @@ void half_rows(const N16Weights<S>& w, int64_t t, int64_t h, const QActs& x, int
   __m256 acc[H][R];
   for (int j = 0; j < H; ++j)
     for (int m = 0; m < R; ++m) acc[j][m] = _mm256_setzero_ps();
-  constexpr int32_t Z = n16_zero(BITS);
+  const int32_t Z = w.zero;
   auto codes = [](const uint8_t* p, int j, int r) { return ymm::codes_ymm<BITS>(p, j, r); };
   __m256 sv[H];
   for (int j = 0; j < H; ++j) sv[j] = _mm256_setzero_ps();
@@ -77,7 +77,7 @@ void half_rows(const N16Weights<S>& w, int64_t t, int64_t h, const QActs& x, int
     __m256i s[H][R];
     for (int m = 0; m < R; ++m) {
       __m256i start = _mm256_setzero_si256();
-      if constexpr (Z != 0) {
+      if (Z != 0) {
         const int32_t* is = x.isum + (m0 + m) * 2 * x.nb + 2 * b;
         start = _mm256_set1_epi32(-Z * (is[0] + is[1]));
       }

@@ -63,7 +63,7 @@ void vnni_rows(const N16Weights<S>& w, int64_t t, const QActs& x, int64_t m0, fl
     xd[m] = x.d + (m0 + m) * x.nb;
     xs[m] = x.isum + (m0 + m) * 2 * x.nb;
   }
-  constexpr int32_t Z = n16_zero(BITS);
+  const int32_t Z = w.zero;
   __m512 acc[MR];
   for (int m = 0; m < MR; ++m) acc[m] = _mm512_setzero_ps();
   __m512 sv = _mm512_setzero_ps();
@@ -120,11 +120,11 @@ void vnni_rest(const N16Weights<S>& w, int64_t t, const QActs& x, int64_t m0, in
 // block's codes wv of NT2 tiles against each row, converted and scaled into acc [rows, NT2 * 16].
 template <int BITS, int NT2, int R>
 inline void wide_block(const __m512i (&wv)[NT2][8], const __m512 (&sv)[NT2], const QActs& x, int64_t m0,
-                       int64_t b, float* acc) {
+                       int64_t b, float* acc, int32_t Z) {
   __m512i s[R][NT2];
   for (int m = 0; m < R; ++m) {
     const int32_t* is = x.isum + (m0 + m) * 2 * x.nb + 2 * b;
-    const __m512i s0 = n16_zero(BITS) != 0 ? _mm512_set1_epi32(-n16_zero(BITS) * (is[0] + is[1])) : _mm512_setzero_si512();
+    const __m512i s0 = Z != 0 ? _mm512_set1_epi32(-Z * (is[0] + is[1])) : _mm512_setzero_si512();
     for (int j = 0; j < NT2; ++j) s[m][j] = s0;
   }
   for (int r = 0; r < 8; ++r) {
@@ -147,10 +147,10 @@ constexpr int64_t WIDE_CHUNK = 64;   // rows whose fp32 sums share the L1 buffer
 
 template <int BITS, int NT2, typename S, int R = WR - 1>
 void wide_rest(const __m512i (&wv)[NT2][8], const __m512 (&sv)[NT2], const QActs& x, int64_t m0, int64_t left,
-               int64_t b, float* acc) {
+               int64_t b, float* acc, int32_t Z) {
   if constexpr (R > 0) {
-    if (left == R) return wide_block<BITS, NT2, R>(wv, sv, x, m0, b, acc);
-    return wide_rest<BITS, NT2, S, R - 1>(wv, sv, x, m0, left, b, acc);
+    if (left == R) return wide_block<BITS, NT2, R>(wv, sv, x, m0, b, acc, Z);
+    return wide_rest<BITS, NT2, S, R - 1>(wv, sv, x, m0, left, b, acc, Z);
   }
 }
 
@@ -182,8 +182,8 @@ void wide_tiles(const N16Weights<S>& w, int64_t t, const QActs& x, int64_t m0, i
       left = w.bpg - 1;
     }
     int64_t m = 0;
-    for (; m + WR <= rows; m += WR) wide_block<BITS, NT2, WR>(wv, sv, x, m0 + m, b, acc + m * NT2 * N16);
-    if (m < rows) wide_rest<BITS, NT2, S>(wv, sv, x, m0 + m, rows - m, b, acc + m * NT2 * N16);
+    for (; m + WR <= rows; m += WR) wide_block<BITS, NT2, WR>(wv, sv, x, m0 + m, b, acc + m * NT2 * N16, w.zero);
+    if (m < rows) wide_rest<BITS, NT2, S>(wv, sv, x, m0 + m, rows - m, b, acc + m * NT2 * N16, w.zero);
   }
   for (int j = 0; j < NT2; ++j) {
     const int64_t n0 = (t + j) * N16, valid = std::min<int64_t>(N16, w.N - n0);
