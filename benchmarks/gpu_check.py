@@ -1,6 +1,6 @@
 """Checks and times the whole GPU path in one call: kernels, engine, server, against the targets.
 
-One command for a lent GPU machine (about 5-8 minutes on an H100), in three sections, each in its
+One command for a lent GPU machine (about 5-8 minutes on an H100), in four sections, each in its
 own try (a section or a part of one that fails prints its error and the run goes on):
   a  the Triton kernels at the shapes of Phi-3.5-mini, Llama-3.1-8B and Qwen3-4B: W4A16, W8A16
      and FP8 GEMMs against cuBLAS fp16, paged attention (decode, chunked prefill; fp16 and fp8
@@ -12,7 +12,10 @@ own try (a section or a part of one that fails prints its error and the run goes
      fraction of identical tokens and the first divergence (edgellm/bench/engine_check.py);
   c  `edgellm serve` of a random-weight GPTQ int4 checkpoint of Phi-3.5-mini's shapes, measured
      with the bench client: TTFT at a 1000-token prompt, decode tok/s at 1 stream, total tok/s
-     and TTFT p95 at 16 and 64 streams (edgellm/bench/serve_check.py).
+     and TTFT p95 at 16 and 64 streams (edgellm/bench/serve_check.py);
+  d  CUDA graphs for decode (off by default, --no-enforce-eager): greedy tokens with them
+     against eager on tiny models of every architecture, and decode tok/s with and without them
+     on a ~0.5B int4 checkpoint at 1 and 16 streams (edgellm/bench/graph_check.py).
 Prints each section's tables, then one table of section status and the targets (W4A16 GEMV at
 batch 1 >= 3x cuBLAS fp16; paged decode attention >= 70% of the copy bandwidth at the longest
 context; TTFT < 50 ms at the 1k prompt; TTFT p95 < 200 ms at 64 streams), and writes JSON
@@ -40,7 +43,7 @@ if any(flag in sys.argv for flag in DRY) and not os.environ.get("TRITON_INTERPRE
 import torch
 
 from edgellm import env
-from edgellm.bench import engine_check, serve_check
+from edgellm.bench import engine_check, graph_check, serve_check
 from edgellm.bench.gpu_attention import attention_rows, kv_write_rows
 from edgellm.bench.gpu_check import parse_sections, run_section, summary, targets
 from edgellm.bench.gpu_kernels import DRY_MODELS, MODELS, ceilings, gemm_rows, parse_shape, table, worst_error
@@ -108,14 +111,35 @@ def section_c(args: argparse.Namespace, cuda: bool) -> dict:
     return out
 
 
-SECTION_FNS = {"a": section_a, "b": section_b, "c": section_c}
+def section_d(args: argparse.Namespace, cuda: bool) -> dict:
+    archs = ARCHS if cuda else ["llama"]
+    with tempfile.TemporaryDirectory() as root:
+        out: dict = {"note": "" if cuda else graph_check.DRY_NOTE}
+        out["archs"] = graph_check.compare(Path(root), archs, cuda, 32 if cuda else 4)
+        shape = graph_check.SMALL if cuda else serve_check.TINY
+        model = serve_check.write_int4_checkpoint(Path(root) / "small", shape, 128 if cuda else 32)
+        out["shape"] = shape
+        out["speed"] = graph_check.speed(model, cuda, (1, 16) if cuda else (1, 2), 128 if cuda else 3)
+    for n, r in out["speed"].items():
+        print(f"graphs {n:>3} streams: eager {r['eager_tok_s']:.1f} tok/s, graphs {r['graphs_tok_s']:.1f} "
+              f"tok/s ({r['ratio']:.2f}x)", flush=True)
+    failed = [f"{a}: {r['error']}" for a, r in out["archs"].items() if "error" in r]
+    fp32 = [a for a, r in out["archs"].items() if "error" not in r and r["float32"]["identical_fraction"] < 1]
+    if failed or fp32:
+        why = " | ".join(failed + [f"{a}: fp32 tokens differ from eager" for a in fp32])
+        return {**out, "status": "failed", "error": why[:2000]}
+    return out
+
+
+SECTION_FNS = {"a": section_a, "b": section_b, "c": section_c, "d": section_d}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dry-run", "--quick", dest="dry_run", action="store_true",
                     help="no GPU: tiny shapes, Triton under TRITON_INTERPRET=1, the engine and server on CPU")
-    ap.add_argument("--sections", default="a,b,c", type=_sections, help="a subset of a,b,c (default: all)")
+    ap.add_argument("--sections", default="a,b,c,d", type=_sections,
+                    help="a subset of a,b,c,d (default: all)")
     ap.add_argument("--shape", action="append", default=[], metavar="NAME:H,I,QH,KVH,HD",
                     help="section a: kernel shapes instead of the built-in models (repeatable)")
     ap.add_argument("--kernel-budget", type=float, default=180.0,

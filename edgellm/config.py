@@ -176,6 +176,10 @@ class EngineConfig:
     # (vLLM's --gpu-memory-utilization; edgellm/engine/memory_profile.py)
     gpu_memory_utilization: float = 0.9
     kv_cache_dtype: str = "auto"
+    # CUDA: run decode steps eagerly, not as captured CUDA graphs (vLLM's --enforce-eager;
+    # edgellm/engine/cuda_graphs.py). On by default until the graphs have been checked on a GPU
+    # (benchmarks/gpu_check.py); --no-enforce-eager captures them.
+    enforce_eager: bool = True
     seed: int = 0
     tokenizer: str | None = None  # a directory with tokenizer files; default: the model's own
     chat_template: str | None = None  # a Jinja template string or path overriding the model's

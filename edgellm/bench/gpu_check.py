@@ -14,6 +14,7 @@ SECTIONS = {
     "a": "kernels: correctness and timing at model shapes",
     "b": "engine end to end: greedy tokens against the CPU fp32 path",
     "c": "edgellm serve of a Phi-3.5-mini-shaped int4 checkpoint",
+    "d": "CUDA graphs for decode: tokens against eager, decode tok/s with and without",
 }
 # (key, what, comparison, goal, unit)
 TARGETS = [

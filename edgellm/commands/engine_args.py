@@ -75,6 +75,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="cap the instruction-set level of the CPU kernels (default: $EDGELLM_CPU_ISA, else "
         "what this CPU has)",
     )
+    g.add_argument(
+        "--enforce-eager",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="CUDA: decode steps eagerly instead of as captured CUDA graphs (vLLM's flag; on by "
+        "default until the graphs are checked on a GPU; --no-enforce-eager captures them)",
+    )
     g.add_argument("--seed", type=int, default=0)
     g.add_argument(
         "--kv-events-config",
@@ -114,6 +121,7 @@ def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
         "kv_cache_dtype": args.kv_cache_dtype,
         "kv_cache_memory": args.kv_cache_memory,
         "gpu_memory_utilization": getattr(args, "gpu_memory_utilization", 0.9),
+        "enforce_eager": getattr(args, "enforce_eager", True),
         "seed": args.seed,
         "chat_template": args.chat_template,
         "architecture": getattr(args, "architecture", None),

@@ -20,6 +20,7 @@ import torch
 
 from edgellm.config import EngineConfig
 from edgellm.engine import request_checks
+from edgellm.engine.cuda_graphs import cuda_graphs
 from edgellm.engine.kv_layout import make_block_manager, plan_kv_cache
 from edgellm.engine.kv_publisher import make_publisher
 from edgellm.engine.loading import load
@@ -80,6 +81,7 @@ class LLMEngine:
             self.device,
             Sampler(masks),
             layout.num_window_blocks,
+            cuda_graphs(config, self.max_model_len) if self.device.type == "cuda" else None,
         )
         if self.kv_dtype == torch.float8_e4m3fn:
             given = sum(attn.scales_known for attn in self.model.attention_layers())

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import cast
 
 import torch
 
 from edgellm.batch import AttentionMetadata, ForwardBatch
+from edgellm.engine.cuda_graphs import DecodeGraphs
 from edgellm.engine.scheduler import SchedulerOutput
 from edgellm.models.decoder import CausalLM, DecoderLayer
 from edgellm.sampling import Sampler, SampleResult
@@ -61,9 +63,12 @@ class ModelRunner:
         device: torch.device | str = "cpu",
         sampler: Sampler | None = None,
         window_blocks: int | None = None,
+        graphs: Callable[[ModelRunner], DecodeGraphs] | None = None,
     ) -> None:
         """window_blocks: the sliding-window layers' own pool (engine/window_blocks.py) of this
-        many blocks, filled from Sequence.window_table; None: every layer uses block_table."""
+        many blocks, filled from Sequence.window_table; None: every layer uses block_table.
+        graphs: makes the captured decode steps (engine/cuda_graphs.py) for this runner; None:
+        every step eager."""
         self.model = model
         self.block_size = block_size
         self.device = torch.device(device)
@@ -99,6 +104,7 @@ class ModelRunner:
             self.windowed.append(windowed)
         self.sampler = sampler or Sampler()
         self.needs_seq_lens = model.model.rotary.long_threshold is not None
+        self.graphs = graphs(self) if graphs is not None else None
 
     def build_batch(self, sched: SchedulerOutput) -> tuple[ForwardBatch, list[int]]:
         """Flatten the step. Returns the batch and, per scheduled sequence, its logits row count."""
@@ -192,7 +198,10 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> StepResult:
         batch, rows_per_seq = self.build_batch(sched)
-        hidden = self.model(batch)
+        if self.graphs is not None and self.graphs.eligible(batch):
+            hidden = self.graphs.run(batch)
+        else:
+            hidden = self.model(batch)
         result = StepResult()
         if batch.logits_indices.numel() == 0:
             return result

@@ -36,7 +36,7 @@ def test_dry_run_reports_every_section(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert r is not None and r["dry_run"] is True and r["machine"]["cores"]
     sections = r["sections"]
-    assert {name: s["status"] for name, s in sections.items()} == {"a": "ok", "b": "ok", "c": "ok"}
+    assert {name: s["status"] for name, s in sections.items()} == {"a": "ok", "b": "ok", "c": "ok", "d": "ok"}
     assert all(math.isfinite(x) for x in numbers(sections)), "a NaN or inf among the numbers"
 
     a = sections["a"]
@@ -59,6 +59,11 @@ def test_dry_run_reports_every_section(tmp_path):
     (level,) = c["streams"].values()
     assert level["requests"] == 2 and level["total_tok_s"] > level["output_tok_s"] > 0
 
+    d = sections["d"]  # graphs replayed on CPU by RerunBackend: the same tokens as eager
+    assert d["note"] and d["archs"]["llama"]["float32"]["identical_fraction"] == 1.0
+    assert d["archs"]["llama"]["float32"]["buckets"] and set(d["speed"]) == {"1", "2"}
+    assert all(v["eager_tok_s"] > 0 and v["graphs_tok_s"] > 0 for v in d["speed"].values())
+
     assert [t["key"] for t in r["targets"]] == [t[0] for t in TARGETS]
     assert all(math.isfinite(t["value"]) and t["met"] is None for t in r["targets"])
     assert "target" in proc.stdout and "section" in proc.stdout
@@ -69,7 +74,8 @@ def test_a_failing_section_is_reported_and_the_others_run(tmp_path):
     proc, r = run_check(tmp_path, "--dry-run", "--sections", "a,c", "--shape", "bad:60,90,3,1,15")
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert r is not None
-    a, b, c = (r["sections"][name] for name in "abc")
+    a, b, c, d = (r["sections"][name] for name in "abcd")
+    assert d["status"] == "skipped"
     assert a["status"] == "failed" and "multiple of 8" in a["error"]
     assert b["status"] == "skipped"
     assert c["status"] == "ok" and c["long_prompt_ttft_ms"]["median"] > 0
