@@ -2,11 +2,12 @@
 on a GPU is a few hundred kernel launches of microseconds each, so launching them costs more than
 running them; a captured graph replays them all in one launch.
 
-A step that is all decodes (one new token per sequence), with no sliding-window pool and at most
-the largest bucket's sequences, runs as the graph of the smallest bucket (1, 2, 4, 8, then
+A step that is all decodes (one new token per sequence), with at most the largest bucket's
+sequences, runs as the graph of the smallest bucket (1, 2, 4, 8, then
 multiples of 8 up to max_num_seqs) that holds it: its inputs are copied into static buffers, the
 rows past the step's padded (token 0 at position 0, KV slot -1: the write skips it, block table
-all the null block, context length 1), the graph replayed, and the first rows of its static output
+all the null block, context length 1; with a sliding-window pool, its slots and tables
+likewise), the graph replayed, and the first rows of its static output
 returned. Each bucket is captured the first time a step needs it, so whatever the first prefill
 settles (fp8 KV scales, Triton's compiled kernels) is in place. Everything a captured step reads
 from the host is fixed per bucket: the attention sees max_seq_len = the table capacity
@@ -26,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -141,10 +143,12 @@ class DecodeGraphs:
         null_block: int,
         device: torch.device,
         with_total_lens: bool = False,
+        window_null: int | None = None,
     ) -> None:
         """max_blocks: the block tables' capacity (ceil(max_model_len / block_size));
         null_block: the zero block padding reads; with_total_lens: the model reads
-        ForwardBatch.seq_total_lens (longrope)."""
+        ForwardBatch.seq_total_lens (longrope); window_null: the sliding-window pool's zero block
+        when the model has that pool (engine/window_blocks.py), else None."""
         self.model = model
         self.backend = backend
         self.buckets = buckets(max_num_seqs)
@@ -161,11 +165,18 @@ class DecodeGraphs:
         self.query_start = torch.arange(top + 1, dtype=i32, device=device)
         self.logits_rows = torch.arange(top, dtype=i64, device=device)
         self.total_lens = torch.ones(top, dtype=i64, device=device) if with_total_lens else None
+        self.window_null = window_null
+        self.window_slots = self.window_tables = None
+        if window_null is not None:
+            self.window_slots = torch.full((top,), -1, dtype=i64, device=device)
+            self.window_tables = torch.full(
+                (top, max_blocks), window_null, dtype=i32, device=device
+            )
         self.graphs: dict[int, tuple[Replay, torch.Tensor]] = {}
         self.disabled: str | None = None  # why a capture failed: every step eager from then on
 
     def eligible(self, batch: ForwardBatch) -> bool:
-        """Whether this step can run as a graph: all decodes, no window pool, a bucket holds it."""
+        """Whether this step can run as a graph: all decodes, and a bucket holds it."""
         meta = batch.attn
         rows = len(meta.seq_lens)
         return (
@@ -173,8 +184,9 @@ class DecodeGraphs:
             and 0 < rows <= self.buckets[-1]
             and meta.num_decodes == rows
             and batch.input_ids.numel() == rows
-            and meta.window is None
+            and (meta.window is None) == (self.window_null is None)
             and meta.block_tables.shape[1] <= self.max_blocks
+            and (meta.window is None or meta.window.block_tables.shape[1] <= self.max_blocks)
             and (batch.seq_total_lens is None) == (self.total_lens is None)
         )
 
@@ -190,6 +202,13 @@ class DecodeGraphs:
             max_query_len=1,
             max_seq_len=self.capacity,
         )
+        if self.window_slots is not None and self.window_tables is not None:
+            meta.window = replace(
+                meta,
+                slot_mapping=self.window_slots[:size],
+                block_tables=self.window_tables[:size],
+                step_cache={},
+            )
         return ForwardBatch(
             input_ids=self.input_ids[:size],
             positions=self.positions[:size],
@@ -211,6 +230,17 @@ class DecodeGraphs:
         self.tables[:rows, :width].copy_(meta.block_tables)
         self.seq_lens[:rows].copy_(meta.seq_lens_tensor)
         self.seq_lens[rows:size].fill_(1)
+        window = meta.window
+        if (
+            self.window_slots is not None
+            and self.window_tables is not None
+            and self.window_null is not None
+            and window is not None
+        ):
+            self.window_slots[:rows].copy_(window.slot_mapping)
+            self.window_slots[rows:size].fill_(-1)
+            self.window_tables[:size].fill_(self.window_null)
+            self.window_tables[:rows, : window.block_tables.shape[1]].copy_(window.block_tables)
         if self.total_lens is not None and batch.seq_total_lens is not None:
             self.total_lens[:rows].copy_(batch.seq_total_lens)
             self.total_lens[rows:size].fill_(1)
@@ -255,4 +285,5 @@ def cuda_graphs(
         runner.null_block,
         runner.device,
         runner.needs_seq_lens,
+        runner.window_null,
     )

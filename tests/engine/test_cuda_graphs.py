@@ -39,8 +39,10 @@ def test_enforce_eager_is_the_default_and_makes_no_graphs():
     assert cuda_graphs(EngineConfig(enforce_eager=False), 64) is not None
 
 
-@pytest.mark.parametrize("arch", ["llama", "phi3"])
+@pytest.mark.parametrize("arch", ["llama", "phi3", "gemma3"])
 def test_decode_graphs_give_the_eager_tokens(tiny_dir, monkeypatch, arch):
+    """llama; phi3's longrope (the total-length buffer); gemma3's sliding-window pool (its slots
+    and tables in buffers of their own), prompts past its window."""
     path, _ = tiny_dir(arch)
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(3, 300, (n,), generator=g).tolist() for n in (5, 23, 9, 40, 17, 2, 31)]
@@ -55,8 +57,9 @@ def test_decode_graphs_give_the_eager_tokens(tiny_dir, monkeypatch, arch):
 
     runner = llm.engine.runner
     backend = RerunBackend()
+    assert (runner.window_null is not None) == (arch == "gemma3")
     runner.graphs = DecodeGraphs(model, backend, 5, 96 // 16, 16, runner.null_block, runner.device,
-                                 runner.needs_seq_lens)
+                                 runner.needs_seq_lens, runner.window_null)
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert runner.graphs.disabled is None  # no capture failed (a host read would have)
     assert got == want
