@@ -72,6 +72,9 @@ CASES = [
     (17, 512, 11, 16, 8, True),
     (70, 512, 37, 32, 4, True),
     (9, 768, 50, 32, 6, False),
+    # groups of 16 over more than 8 rows: each tile's scales converted once, then the rows
+    (13, 512, 21, 16, 5, True),
+    (40, 256, 35, 16, 6, False),
 ]
 
 
