@@ -42,17 +42,29 @@ def greedy_tokens(
     EngineConfig(model=path, **engine)."""
     from edgellm.config import EngineConfig
     from edgellm.llm import LLM
-    from edgellm.sampling import SamplingParams
 
     llm = LLM.from_config(EngineConfig(model=str(path), kv_cache_memory=4 << 20, **engine))
     try:
-        params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
-        return [list(out.outputs[0].token_ids) for out in llm.generate(token_prompts, params)]
+        return greedy(llm, token_prompts, new_tokens)
     finally:
         del llm
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        free_memory()
+
+
+def greedy(llm: Any, token_prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    """Greedy continuations (ignore_eos) of every prompt, submitted together, by `llm`."""
+    from edgellm.sampling import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+    return [list(out.outputs[0].token_ids) for out in llm.generate(token_prompts, params)]
+
+
+def free_memory() -> None:
+    """Collect what an LLM the caller just let go of held (the device's cache too), before the
+    next one loads."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def agreement(want: list[list[int]], got: list[list[int]]) -> dict[str, Any]:

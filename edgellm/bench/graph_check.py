@@ -11,12 +11,13 @@ timings say nothing about GPUs and are marked so.
 
 from __future__ import annotations
 
-import gc
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from edgellm.bench.engine_check import agreement, free_memory, greedy, prompts
 
 SMALL = {"hidden": 896, "intermediate": 4864, "layers": 24, "heads": 14, "head_dim": 64}
 DRY_NOTE = (
@@ -60,23 +61,8 @@ def _llm(path: Path, cuda: bool, graphs: bool, **engine: Any):
     return llm
 
 
-def _greedy(llm, token_prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
-    from edgellm.sampling import SamplingParams
-
-    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
-    return [list(o.outputs[0].token_ids) for o in llm.generate(token_prompts, params)]
-
-
-def _release(llm) -> None:
-    del llm
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
 def compare(root: Path, archs: list[str], cuda: bool, new_tokens: int) -> dict[str, Any]:
     """{arch: {"dtype": {agreement of graphs vs eager, "buckets": captured}} or {"error"}}."""
-    from edgellm.bench.engine_check import agreement, prompts
     from edgellm.bench.tiny_models import build_tiny, tiny_config
 
     dtypes = ("float32", "bfloat16") if cuda else ("float32",)
@@ -90,14 +76,16 @@ def compare(root: Path, archs: list[str], cuda: bool, new_tokens: int) -> dict[s
             for dtype in dtypes:
                 engine = {"dtype": dtype, "kv_cache_memory": 4 << 20, "max_num_seqs": 4}
                 llm = _llm(path, cuda, False, **engine)
-                want = _greedy(llm, token_prompts, new_tokens)
-                _release(llm)
+                want = greedy(llm, token_prompts, new_tokens)
+                del llm
+                free_memory()
                 llm = _llm(path, cuda, True, **engine)
-                got = _greedy(llm, token_prompts, new_tokens)
+                got = greedy(llm, token_prompts, new_tokens)
                 graphs = llm.engine.runner.graphs
                 captured = sorted(graphs.graphs) if graphs else []
                 per[dtype] = {**agreement(want, got), "buckets": captured}
-                _release(llm)
+                del llm, graphs
+                free_memory()
             results[arch] = per
         except Exception as exc:  # noqa: BLE001  (one architecture failing is a result)
             results[arch] = {"error": f"{type(exc).__name__}: {exc}"}
@@ -119,16 +107,17 @@ def speed(path: Path, cuda: bool, streams: tuple[int, ...], new_tokens: int) -> 
         llm = _llm(path, cuda, graphs, **engine)
         for n in streams:
             token_prompts = [[3 + i, 7, 11, 13, 17, 19, 23, 29] for i in range(n)]
-            _greedy(llm, token_prompts, 4)  # warm-up: kernels compiled, graphs captured
+            greedy(llm, token_prompts, 4)  # warm-up: kernels compiled, graphs captured
             if cuda:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            _greedy(llm, token_prompts, new_tokens)
+            greedy(llm, token_prompts, new_tokens)
             if cuda:
                 torch.cuda.synchronize()
             key = "graphs_tok_s" if graphs else "eager_tok_s"
             out.setdefault(n, {})[key] = n * new_tokens / (time.perf_counter() - t0)
-        _release(llm)
+        del llm
+        free_memory()
     for r in out.values():
         r["ratio"] = r["graphs_tok_s"] / r["eager_tok_s"]
     return out

@@ -166,11 +166,12 @@ class DecodeGraphs:
         self.logits_rows = torch.arange(top, dtype=i64, device=device)
         self.total_lens = torch.ones(top, dtype=i64, device=device) if with_total_lens else None
         self.window_null = window_null
-        self.window_slots = self.window_tables = None
+        # the window pool's (slots, tables), as the fields above
+        self.window: tuple[torch.Tensor, torch.Tensor] | None = None
         if window_null is not None:
-            self.window_slots = torch.full((top,), -1, dtype=i64, device=device)
-            self.window_tables = torch.full(
-                (top, max_blocks), window_null, dtype=i32, device=device
+            self.window = (
+                torch.full((top,), -1, dtype=i64, device=device),
+                torch.full((top, max_blocks), window_null, dtype=i32, device=device),
             )
         self.graphs: dict[int, tuple[Replay, torch.Tensor]] = {}
         self.disabled: str | None = None  # why a capture failed: every step eager from then on
@@ -202,12 +203,10 @@ class DecodeGraphs:
             max_query_len=1,
             max_seq_len=self.capacity,
         )
-        if self.window_slots is not None and self.window_tables is not None:
+        if self.window is not None:
+            slots, tables = self.window
             meta.window = replace(
-                meta,
-                slot_mapping=self.window_slots[:size],
-                block_tables=self.window_tables[:size],
-                step_cache={},
+                meta, slot_mapping=slots[:size], block_tables=tables[:size], step_cache={}
             )
         return ForwardBatch(
             input_ids=self.input_ids[:size],
@@ -230,17 +229,12 @@ class DecodeGraphs:
         self.tables[:rows, :width].copy_(meta.block_tables)
         self.seq_lens[:rows].copy_(meta.seq_lens_tensor)
         self.seq_lens[rows:size].fill_(1)
-        window = meta.window
-        if (
-            self.window_slots is not None
-            and self.window_tables is not None
-            and self.window_null is not None
-            and window is not None
-        ):
-            self.window_slots[:rows].copy_(window.slot_mapping)
-            self.window_slots[rows:size].fill_(-1)
-            self.window_tables[:size].fill_(self.window_null)
-            self.window_tables[:rows, : window.block_tables.shape[1]].copy_(window.block_tables)
+        if self.window is not None and meta.window is not None and self.window_null is not None:
+            slots, tables = self.window
+            slots[:rows].copy_(meta.window.slot_mapping)
+            slots[rows:size].fill_(-1)
+            tables[:size].fill_(self.window_null)
+            tables[:rows, : meta.window.block_tables.shape[1]].copy_(meta.window.block_tables)
         if self.total_lens is not None and batch.seq_total_lens is not None:
             self.total_lens[:rows].copy_(batch.seq_total_lens)
             self.total_lens[rows:size].fill_(1)

@@ -62,7 +62,6 @@ TileConfig make_config() {
 
 // acc[m] += float(c[m] - zero * corr[m]) * sv * d[m] for the 16 rows of a stored C tile; corr:
 // the rows' code sums (int8 codes), d: the rows' steps (strides in elements)
-template <int BITS>
 inline void scale_into(__m512 (&acc)[16], const int32_t* c, __m512 sv, const float* d, int64_t ds,
                        const int32_t* lo, const int32_t* hi, int64_t is, int32_t zero) {
   for (int m = 0; m < 16; ++m) {
@@ -99,8 +98,8 @@ void tile_rows(const N16Weights<S>& w, int64_t t, const uint8_t* bt, const QActs
       _tile_dpbsud(5, 3, 4);
       EDGELLM_TILE_STORE(2, c0);
       EDGELLM_TILE_STORE(5, c1);
-      scale_into<BITS>(acc, c0, load16(scales, 2 * b), d + b, nb, isum + 2 * b, nullptr, is, w.zero);
-      scale_into<BITS>(acc, c1, load16(scales, 2 * b + 1), d + b, nb, isum + 2 * b + 1, nullptr, is, w.zero);
+      scale_into(acc, c0, load16(scales, 2 * b), d + b, nb, isum + 2 * b, nullptr, is, w.zero);
+      scale_into(acc, c1, load16(scales, 2 * b + 1), d + b, nb, isum + 2 * b + 1, nullptr, is, w.zero);
     }
   } else {
     // block b's dot runs on tile set b % 2 (tiles 0, 1 -> 2 or 6, 7 -> 5) and is stored while the
@@ -125,7 +124,7 @@ void tile_rows(const N16Weights<S>& w, int64_t t, const uint8_t* bt, const QActs
     int64_t g = 0, left = w.bpg;  // the group of the next block to scale, and its blocks left
     __m512 sv = load16(scales, 0);
     auto scale = [&](int64_t b, const int32_t* c) {
-      scale_into<BITS>(acc, c, sv, d + b, nb, isum + 2 * b, isum + 2 * b + 1, is, w.zero);
+      scale_into(acc, c, sv, d + b, nb, isum + 2 * b, isum + 2 * b + 1, is, w.zero);
       if (--left == 0) {
         left = w.bpg;
         if (++g < w.G) sv = load16(scales, g);

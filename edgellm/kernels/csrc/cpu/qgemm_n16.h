@@ -44,7 +44,8 @@ constexpr int64_t n16_int8_bits(int64_t block_bytes) {
 }
 
 // One tile's group scales (or offsets): S = float or c10::Half, the values [G, 16]; S = int8_t,
-// the compact form's multipliers [G, 16] and their bases [G / gps, 16].
+// the compact form's multipliers [G, 16] and their bases [G / gps, 16]. v == nullptr: none (a
+// weight without offsets).
 template <typename S>
 struct GroupScales {
   const S* v;
@@ -69,11 +70,12 @@ struct N16Weights {
   // elements of S per tile of scales: G * 16, or for the compact form G * 16 + (G / gps) * 64
   int64_t scale_tile() const { return gps > 0 ? G * 16 + G / gps * 64 : G * 16; }
   GroupScales<S> tile_scales(const S* p, int64_t t) const {
+    if (p == nullptr) return {nullptr, nullptr, gps};
     const S* v = p + t * scale_tile();
     return {v, gps > 0 ? reinterpret_cast<const float*>(v + G * 16) : nullptr, gps};
   }
   GroupScales<S> scales(int64_t t) const { return tile_scales(scale, t); }
-  GroupScales<S> offsets(int64_t t) const { return tile_scales(offset, t); }  // offset != nullptr only
+  GroupScales<S> offsets(int64_t t) const { return tile_scales(offset, t); }  // v == nullptr: none
 };
 
 // A tile is read front to back, one stream per thread: more than the hardware prefetcher keeps in

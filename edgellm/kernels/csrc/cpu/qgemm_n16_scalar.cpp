@@ -25,6 +25,7 @@ inline int32_t code_at(const uint8_t* block, int64_t n, int64_t k, int32_t zero)
 template <int BITS, typename S>
 void n16_tiles(const N16Weights<S>& w, int64_t t0, int64_t t1, const QActs& x, int64_t M, float* y, const float* bias) {
   for (int64_t t = t0; t < t1; ++t) {
+    const GroupScales<S> s = w.scales(t), o = w.offsets(t);
     const int64_t valid = std::min<int64_t>(N16, w.N - t * N16);
     for (int64_t n = 0; n < valid; ++n) {
       for (int64_t m = 0; m < M; ++m) {
@@ -34,13 +35,12 @@ void n16_tiles(const N16Weights<S>& w, int64_t t0, int64_t t1, const QActs& x, i
           const uint8_t* block = w.q + t * w.tile_bytes() + b * w.block_bytes;
           int32_t dot[2] = {0, 0};
           for (int64_t k = 0; k < QB; ++k) dot[k / 16] += code_at<BITS>(block, n, k, w.zero) * a[b * QB + k];
-          const GroupScales<S> s = w.scales(t);
           const float s_lo = s.at(w.bpg ? b / w.bpg : 2 * b, n);
           const float s_hi = w.bpg ? s_lo : s.at(2 * b + 1, n);
           acc += (static_cast<float>(dot[0]) * s_lo + static_cast<float>(dot[1]) * s_hi) * x.d[m * x.nb + b];
         }
-        if (w.offset != nullptr)
-          for (int64_t g = 0; g < w.G; ++g) acc += w.offsets(t).at(g, n) * x.dsum[m * x.G + g];
+        if (o.v != nullptr)
+          for (int64_t g = 0; g < w.G; ++g) acc += o.at(g, n) * x.dsum[m * x.G + g];
         y[m * w.N + t * N16 + n] = acc + (bias != nullptr ? bias[t * N16 + n] : 0.f);
       }
     }

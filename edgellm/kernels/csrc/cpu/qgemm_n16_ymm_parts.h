@@ -64,8 +64,8 @@ inline __m256i lane_mask(int64_t valid) {  // lanes [0, valid) all ones
 template <int R, int H, typename S>
 inline void finish(const N16Weights<S>& w, int64_t t, int64_t h, const QActs& x, int64_t m0, __m256 (&acc)[H][R],
                    float* y, const float* bias) {
-  if (w.offset != nullptr) {
-    const GroupScales<S> offs = w.offsets(t);
+  const GroupScales<S> offs = w.offsets(t);
+  if (offs.v != nullptr) {
     for (int64_t g = 0; g < w.G; ++g) {
       for (int j = 0; j < H; ++j) {
         const __m256 ov = load8(offs, g, (h + j) * HALF);

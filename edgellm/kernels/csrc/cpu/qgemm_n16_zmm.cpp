@@ -38,11 +38,11 @@ inline __m512i bcast4(const int8_t* p) {  // 4 activation bytes to every lane
 // group's offsets loaded once for the R rows), + bias, the store of the outputs below N. y: the
 // tile's first column of row m0, rows ldy apart.
 template <int R, typename S>
-inline void finish_rows(const QActs& x, int64_t m0, __m512 (&v)[R], const GroupScales<S>* offs, int64_t G, float* y,
+inline void finish_rows(const QActs& x, int64_t m0, __m512 (&v)[R], const GroupScales<S>& offs, int64_t G, float* y,
                         int64_t ldy, __mmask16 mask, __m512 bv) {
-  if (offs != nullptr) {
+  if (offs.v != nullptr) {
     for (int64_t g = 0; g < G; ++g) {
-      const __m512 ov = load16(*offs, g);
+      const __m512 ov = load16(offs, g);
       for (int u = 0; u < R; ++u) v[u] = _mm512_fmadd_ps(ov, _mm512_set1_ps(x.dsum[(m0 + u) * x.G + g]), v[u]);
     }
   }
@@ -101,8 +101,7 @@ void vnni_rows(const N16Weights<S>& w, int64_t t, const QActs& x, int64_t m0, fl
   const int64_t n0 = t * N16, valid = std::min<int64_t>(N16, w.N - n0);
   const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
   const __m512 bv = bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
-  const GroupScales<S> offs = w.offset != nullptr ? w.offsets(t) : GroupScales<S>{};
-  finish_rows<MR>(x, m0, acc, w.offset != nullptr ? &offs : nullptr, w.G, y + n0, ldy, mask, bv);
+  finish_rows<MR>(x, m0, acc, w.offsets(t), w.G, y + n0, ldy, mask, bv);
 }
 
 constexpr int MR = 8;  // activation rows sharing one pass over a tile's loaded codes
@@ -156,7 +155,7 @@ void wide_rest(const __m512i (&wv)[NT2][8], const __m512 (&sv)[NT2], const QActs
 
 // finish_rows for R rows of the L1 buffer: acc, the first row's 16 sums, rows `stride` floats apart.
 template <int R, typename S>
-inline void wide_finish(const QActs& x, int64_t m0, const float* acc, int64_t stride, const GroupScales<S>* offs,
+inline void wide_finish(const QActs& x, int64_t m0, const float* acc, int64_t stride, const GroupScales<S>& offs,
                         int64_t G, float* y, int64_t ldy, __mmask16 mask, __m512 bv) {
   __m512 v[R];
   for (int u = 0; u < R; ++u) v[u] = _mm512_loadu_ps(acc + u * stride);
@@ -189,8 +188,7 @@ void wide_tiles(const N16Weights<S>& w, int64_t t, const QActs& x, int64_t m0, i
     const int64_t n0 = (t + j) * N16, valid = std::min<int64_t>(N16, w.N - n0);
     const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
     const __m512 bv = bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
-    const GroupScales<S> o = w.offset != nullptr ? w.offsets(t + j) : GroupScales<S>{};
-    const GroupScales<S>* offs = w.offset != nullptr ? &o : nullptr;
+    const GroupScales<S> offs = w.offsets(t + j);
     int64_t m = 0;
     for (; m + WR <= rows; m += WR) wide_finish<WR>(x, m0 + m, acc + (m * NT2 + j) * N16, NT2 * N16, offs, w.G, y + n0,
                                                     w.N, mask, bv);
