@@ -1,7 +1,8 @@
 """The CPU backend for fp32 models: decode rows through the C++ kernel (one program per sequence
 and kv head, K and V read once from the pages: edgellm/kernels/csrc/cpu/attention.cpp), prefill
-chunks in `prefill_dtype` (bf16 by torch's SDPA; fp32 by the C++ causal kernel over the pages,
-csrc/cpu/prefill_attention.cpp, where it applies, else torch's SDPA), with shared-prefix
+chunks in `prefill_dtype` (bf16 or fp32; their causal part by the C++ kernel over the pages,
+csrc/cpu/prefill_attention.cpp, in fp32 math, where it applies and measured faster than torch's
+flash in that dtype, else by torch's SDPA), with shared-prefix
 ("cascade") attention when several chunks start with the same cached blocks
 (edgellm/attention/cpu_cascade.py). Without a
 prefill dtype (mode exact) prefill chunks run as the reference does, one at a time in fp32.
@@ -37,14 +38,15 @@ class CpuAttention(AttentionBackend):
         """native: the C++ module (edgellm/kernels/cpu_native.load); prefill_dtype: prefill
         chunks' dtype, with cascade attention (None: the query's, one chunk at a time);
         prefix_kernel: how cascade attends the shared prefix (edgellm/attention/cpu_prefix.py);
-        causal_kernel: whether fp32 prefill chunks run the C++ causal kernel over their pages
-        (csrc/cpu/prefill_attention.cpp; None: where measured faster, fp32_prefill_kernel)."""
+        causal_kernel: whether prefill chunks run their causal attention by the C++ kernel over
+        their pages (csrc/cpu/prefill_attention.cpp, fp32 math; None: where measured faster,
+        prefill_causal_kernel); needs a prefill dtype."""
         self.native = native
         self.prefill_dtype = prefill_dtype
         self.prefix_kernel = prefix_kernel
         if causal_kernel is None:
-            causal_kernel = fp32_prefill_kernel(native, prefill_dtype)
-        self.native_prefill = native if causal_kernel and prefill_dtype == torch.float32 else None
+            causal_kernel = prefill_causal_kernel(native, prefill_dtype)
+        self.native_prefill = native if causal_kernel and prefill_dtype is not None else None
 
     def write_kv(
         self,
@@ -206,11 +208,11 @@ PREFILL_HEAD_DIMS = (64, 96, 128, 256)  # what csrc/cpu/prefill_attention.cpp is
 NATIVE_CACHE_DTYPES = (torch.float32, torch.float16)  # pages the C++ kernels read (fp32 math)
 
 
-def fp32_prefill_kernel(native: Any, prefill_dtype: torch.dtype | None) -> bool:
-    """Whether fp32 prefill chunks run the C++ causal kernel: a tuned fp32 prefill, and the kernel
-    measured faster than torch's flash on this CPU (edgellm/attention/cpu_dtype.py); per call
-    also a head dim of PREFILL_HEAD_DIMS, pages of a multiple of 16 tokens and no sliding window
-    (else torch's flash)."""
-    from edgellm.attention.cpu_dtype import fp32_causal_kernel
+def prefill_causal_kernel(native: Any, prefill_dtype: torch.dtype | None) -> bool:
+    """Whether prefill chunks run the C++ causal kernel: a tuned prefill dtype, and the kernel
+    measured faster than torch's flash in that dtype on this CPU (edgellm/attention/cpu_dtype.py);
+    per call also an fp32 query, a head dim of PREFILL_HEAD_DIMS, pages of a multiple of 16 tokens
+    and no sliding window (else torch's flash)."""
+    from edgellm.attention.cpu_dtype import causal_kernel
 
-    return prefill_dtype == torch.float32 and fp32_causal_kernel(native)
+    return prefill_dtype is not None and causal_kernel(native, prefill_dtype)

@@ -1,6 +1,7 @@
 """What CPU prefill attention runs (mode auto), measured once per process where it is a choice,
 never assumed from the CPU's flags: its dtype (`prefill_dtype`), and in fp32 whether the C++
-causal kernel over the pages beats torch's flash (`fp32_causal_kernel`).
+causal kernel over the pages (fp32 math, whatever the prefill dtype) beats torch's flash in that
+dtype (`causal_kernel`).
 
 Without bf16 units a bf16 product is emulated, far slower than fp32: fp32, nothing to measure.
 With them (AMX, AVX512-BF16) bf16 is usually the faster, but not on every such CPU (the README
@@ -66,25 +67,37 @@ def _causal_cost_ms(native: Any | None, dtype: torch.dtype = torch.float32) -> f
 
 
 @functools.lru_cache(maxsize=4)
-def _fp32_causal_ms(native: Any) -> tuple[float | None, float]:
-    """(the C++ kernel's probe time, or None where it cannot run; torch's flash's), in fp32."""
+def _native_causal_ms(native: Any) -> float | None:
+    """The C++ kernel's probe time, or None where it cannot run (no module, a scalar build)."""
     usable = (
         native is not None
         and hasattr(native, "prefill_attention")
         and native.n16_variant() != "scalar"
     )
-    return (_causal_cost_ms(native) if usable else None), _causal_cost_ms(None)
+    return _causal_cost_ms(native) if usable else None
+
+
+@functools.lru_cache(maxsize=4)
+def _flash_causal_ms(dtype: torch.dtype) -> float:
+    """torch's flash's probe time in `dtype`."""
+    return _causal_cost_ms(None, dtype)
+
+
+def _best_causal_ms(native: Any, dtype: torch.dtype) -> float:
+    ours = _native_causal_ms(native)
+    theirs = _flash_causal_ms(dtype)
+    return theirs if ours is None else min(ours, theirs)
 
 
 @functools.lru_cache(maxsize=4)
 def prefill_dtype(native: Any, bf16_units: bool) -> torch.dtype:
-    """bf16 or fp32 for prefill attention on this CPU (fp32 without bf16 units); fp32 is timed by
-    its faster causal path (the C++ kernel or torch's flash), as it would run."""
+    """bf16 or fp32 for prefill attention on this CPU (fp32 without bf16 units); each dtype's
+    causal part is timed by its faster path (the C++ kernel or torch's flash in that dtype), as
+    it would run."""
     if not bf16_units:
         return torch.float32
-    ours, theirs = _fp32_causal_ms(native)
-    fp32 = min(theirs, ours if ours is not None else theirs) + _wave_ms(native, torch.float32)
-    bf16 = _causal_cost_ms(None, torch.bfloat16) + _wave_ms(native, torch.bfloat16)
+    fp32 = _best_causal_ms(native, torch.float32) + _wave_ms(native, torch.float32)
+    bf16 = _best_causal_ms(native, torch.bfloat16) + _wave_ms(native, torch.bfloat16)
     chosen = torch.bfloat16 if bf16 < fp32 else torch.float32
     logger.info(
         "prefill attention: fp32 %.2f ms, bf16 %.2f ms (a prompt, a turn, a voice wave): %s",
@@ -96,14 +109,19 @@ def prefill_dtype(native: Any, bf16_units: bool) -> torch.dtype:
 
 
 @functools.lru_cache(maxsize=4)
-def fp32_causal_kernel(native: Any) -> bool:
-    """Whether fp32 prefill chunks run the C++ causal kernel (csrc/cpu/prefill_attention.cpp)
-    rather than torch's flash: a build with vector units, and measured faster here."""
-    ours, theirs = _fp32_causal_ms(native)
+def causal_kernel(native: Any, dtype: torch.dtype) -> bool:
+    """Whether prefill chunks of prefill dtype `dtype` run their causal attention (a cold prompt,
+    and each chunk's own tokens in cascade prefill) by the C++ kernel over the pages
+    (csrc/cpu/prefill_attention.cpp, fp32 math) rather than torch's flash in `dtype`: a build with
+    vector units, and measured faster here."""
+    ours = _native_causal_ms(native)
     if ours is None:
         return False
+    theirs = _flash_causal_ms(dtype)
+    name = "bf16" if dtype == torch.bfloat16 else "fp32"
     logger.info(
-        "fp32 causal prefill attention: C++ %.2f ms, torch flash %.2f ms: %s",
+        "causal prefill attention (%s): C++ %.2f ms, torch flash %.2f ms: %s",
+        name,
         ours,
         theirs,
         "C++" if ours < theirs else "torch",

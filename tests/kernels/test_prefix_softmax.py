@@ -112,21 +112,23 @@ def test_prefill_dtype_is_measured_only_with_bf16_units(caplog):
     prefill_dtype.cache_clear()
 
 
-def test_the_fp32_causal_kernel_is_chosen_by_measurement(caplog):
-    """The C++ causal prefill kernel runs only where it measured faster than torch's flash (logged),
-    never without the C++ module."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_causal_kernel_is_chosen_by_measurement(caplog, dtype):
+    """The C++ causal prefill kernel runs only where it measured faster than torch's flash in the
+    prefill dtype (logged), never without the C++ module or without a prefill dtype."""
     import logging
 
     from edgellm.attention.cpu import CpuAttention
-    from edgellm.attention.cpu_dtype import fp32_causal_kernel
+    from edgellm.attention.cpu_dtype import causal_kernel
 
     native = cpu_native.load()
-    assert fp32_causal_kernel(None) is False
-    fp32_causal_kernel.cache_clear()
+    assert causal_kernel(None, dtype) is False
+    causal_kernel.cache_clear()
     with caplog.at_level(logging.INFO, logger="edgellm.attention.cpu_dtype"):
-        chosen = fp32_causal_kernel(native)
+        chosen = causal_kernel(native, dtype)
     if native is not None and native.n16_variant() != "scalar":
         (record,) = caplog.records
-        assert "C++" in record.getMessage() and "torch flash" in record.getMessage()
-    assert (CpuAttention(native, torch.float32).native_prefill is not None) is chosen
-    assert CpuAttention(native, torch.bfloat16, causal_kernel=True).native_prefill is None  # fp32 only
+        name = "bf16" if dtype == torch.bfloat16 else "fp32"
+        assert "C++" in record.getMessage() and "torch flash" in record.getMessage() and name in record.getMessage()
+    assert (CpuAttention(native, dtype).native_prefill is not None) is chosen
+    assert CpuAttention(native, None, causal_kernel=True).native_prefill is None  # exact mode: the reference
