@@ -16,7 +16,9 @@ first token.
 
 For each: TTFT p50 / p95 / p99 and decode tok/s per stream. Also the breakdown of one
 "wave" (8 user turns admitted together over the cached system prompt) by phase, offline
-in this process, which is what bounds the closed-loop TTFT.
+in this process, which is what bounds the closed-loop TTFT, and that wave's compute floor
+(edgellm/bench/compute_floor.py: its multiply-adds at this CPU's measured int8 / bf16 / fp32
+matmul rates), which bounds the wave.
 
     python benchmarks/voice_ttft.py [--cpu-quant fast] [--requests 48] [--rate 1.6]
 
@@ -34,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from edgellm.bench.compute_floor import floor_ms, matmul_rates, prefill_macs
 from edgellm.bench.machine import machine_info
 from edgellm.bench.phases import PhaseTimer
 from edgellm.bench.results import header, write_json
@@ -124,9 +127,25 @@ def wave_breakdown(cpu_quant: str | None) -> dict:
     for rid in list(eng.seqs):
         eng.abort_request(rid)
     eng.step()
+    model = eng.runner.model
+    macs = prefill_macs(model, [s.num_prompt_tokens - s.num_cached_tokens for s in seqs],
+                        [s.num_prompt_tokens for s in seqs])
+    rates = matmul_rates()
+    prefill_dtype = getattr(model.model.layers[0].self_attn.attn.backend, "prefill_dtype", None)
+    att_dtype = "bf16" if prefill_dtype == torch.bfloat16 else "fp32"
     return {"prefill_step_ms": step_ms, "new_tokens": new, "cached_tokens_per_request": seqs[0].num_cached_tokens,
             "prompt_tokens_per_request": seqs[0].num_prompt_tokens, "next_decode_step_ms": decode_ms,
-            "phases_ms": phases, "threads": torch.get_num_threads()}
+            "phases_ms": phases, "threads": torch.get_num_threads(),
+            "floor": {"gmacs": macs, "matmul_gmac_s": rates, "attention_dtype": att_dtype,
+                      "floor_ms": floor_ms(macs, rates, att_dtype)}}
+
+
+def print_floor(floor: dict) -> None:
+    fl, gm, rates = floor["floor_ms"], floor["gmacs"], floor["matmul_gmac_s"]
+    print(f"compute floor of the wave: linears {gm['linears']:.1f} GMAC at the int8 rate "
+          f"({rates.get('int8', float('nan')):.0f} GMAC/s) {fl['linears']:.0f} ms, attention {gm['attention']:.1f} GMAC "
+          f"at the {floor['attention_dtype']} rate ({rates[floor['attention_dtype']]:.0f} GMAC/s) "
+          f"{fl['attention']:.0f} ms: {fl['total']:.0f} ms in all (fp32 rate {rates['fp32']:.0f} GMAC/s)")
 
 
 def main() -> int:
@@ -142,11 +161,21 @@ def main() -> int:
                     help="extra `edgellm serve` argument (repeatable), e.g. --server-arg=--max-num-batched-tokens=256")
     ap.add_argument("--closed-loop-only", action="store_true", help="skip the Poisson runs, the run without "
                     "prefix caching and the wave breakdown")
+    ap.add_argument("--wave-only", action="store_true", help="only the wave breakdown and its compute floor")
     ap.add_argument("--out", default=str(RESULTS / "voice_ttft.json"))
     args = ap.parse_args()
     from edgellm.loader import default_model_path
     from edgellm.tokenizer import Tokenizer
 
+    if args.wave_only:
+        wave = wave_breakdown(args.cpu_quant)
+        print(f"one wave: {wave['new_tokens']} new tokens, prefill step {wave['prefill_step_ms']:.0f} ms, "
+              f"linears {wave['phases_ms'].get('linears (all four)', float('nan')):.0f} ms, attention "
+              f"{wave['phases_ms'].get('attention (KV write + paged attention)', float('nan')):.0f} ms")
+        print_floor(wave["floor"])
+        write_json(args.out, {**header(__doc__, __file__), "machine": machine_info(),
+                              "cpu_quant": args.cpu_quant, "wave": wave})
+        return 0
     tokenizer = Tokenizer.load(Path(default_model_path()), "gguf")
     runs: list[dict] = []
     log_dir = Path(tempfile.mkdtemp(prefix="edgellm-voice-"))
@@ -185,6 +214,7 @@ def main() -> int:
           f"each: prefill step {wave['prefill_step_ms']:.0f} ms; next decode step {wave['next_decode_step_ms']:.0f} ms")
     for k, v in sorted(wave["phases_ms"].items(), key=lambda kv: -kv[1]):
         print(f"  {k:42s} {v:7.1f} ms")
+    print_floor(wave["floor"])
     write_json(args.out, {**header(__doc__, __file__), "machine": machine_info(),
                           "cpu_quant": args.cpu_quant, "server_args": args.server_arg,
                           "runs": runs, "wave": wave})

@@ -164,6 +164,12 @@ def quick_voice_ttft(tmp_path):
                  "--tools", "4")
     assert [run["tools"] for run in r["runs"]] == [0, 4]
     assert all(run["completed"] > 0 and run["failed"] == 0 for run in r["runs"])
+    r = run_json("voice_ttft", tmp_path, "--wave-only")
+    wave, floor = r["wave"], r["wave"]["floor"]
+    assert wave["new_tokens"] > 8 * 16 and wave["prefill_step_ms"] > 0
+    assert floor["gmacs"]["linears"] > floor["gmacs"]["attention"] > 0
+    # no step beats its compute floor (the rates are this CPU's best matmuls, measured in the run)
+    assert 0 < floor["floor_ms"]["total"] < wave["prefill_step_ms"]
 
 
 def quick_router_scaleout(tmp_path):
