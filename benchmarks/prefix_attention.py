@@ -5,7 +5,8 @@ The shape is a voice wave of the default model (SmolLM2-135M: 9 query heads, 3 k
 attention call (edgellm/attention/cpu.py's cascade path) with the shared prefix attended by
   - flash-fp32:  torch's CPU flash op in fp32 (CPUs without bf16 units),
   - flash-bf16:  the same op in bf16,
-  - scores-bf16: bf16-dot scores and softmax in C++, then a oneDNN bf16 product with V
+  - scores-bf16: one C++ pass per query row over the prefix and the turn's own keys, scores and
+                 values by vdpbf16ps (edgellm/kernels/csrc/cpu/cascade_attention.cpp)
                  (edgellm/attention/cpu_prefix.py; needs AVX512-BF16 to be fast),
 and which of the bf16 two the load-time measurement picks here (`prefix_kernel`). Reports ms per
 layer (best of --repeats) and the ratios to flash-bf16.

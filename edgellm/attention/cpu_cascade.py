@@ -1,15 +1,19 @@
 """Shared-prefix ("cascade") prefill attention on CPU: prefill chunks that start with the same
-cached blocks attend that prefix in one product for all their queries (the kernel chosen at load,
-edgellm/attention/cpu_prefix.py), each chunk its own suffix (causally: the C++ kernel over the
-pages in fp32 where it applies, else torch's flash), merged by log-sum-exp. A voice agent's turns
-over one cached system prompt are exactly that.
+cached blocks attend that prefix once for all their queries. By the kernel chosen at load
+(edgellm/attention/cpu_prefix.py): "scores", one C++ pass per query row over the prefix and the
+chunk's own keys in bf16 products; or "flash", the prefix in one torch flash product, each chunk
+its own suffix (causally: the C++ kernel over the pages in fp32 where it applies, else torch's
+flash), merged by log-sum-exp. A voice agent's turns over one cached system prompt are exactly that.
 """
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import torch
 
-from edgellm.attention.cpu_prefix import flash, prefix_attention
+from edgellm.attention.cpu_prefix import flash
 from edgellm.kernels.paged_attention import gather_kv
 
 CASCADE_MIN_PREFIX = 64  # tokens of shared prefix worth one product of their own
@@ -102,12 +106,33 @@ def cascade_prefill(
         return first
     qs, qe = query_start_loc[first], query_start_loc[-1]
     n_q, hq, d = qe - qs, query.shape[1], query.shape[2]
+    if (
+        prefix_kernel == "scores"
+        and native is not None
+        and kv_cache.dtype in (torch.float32, torch.float16)
+        and kv_cache.is_contiguous()
+        and d in (64, 96, 128, 256)
+        and prefix % 16 == 0
+        and query.dtype == torch.float32
+        and query.stride(2) == 1
+        and query.stride(1) == d
+    ):  # prefix and own keys in one C++ pass per query row
+        out[qs:qe] = native.cascade_attention_bf16(
+            query[qs:qe],
+            kv_cache,
+            block_tables[first:],
+            seq_lens[first:],
+            [query_start_loc[i] - qs for i in range(first, len(seq_lens) + 1)],
+            prefix,
+            scale,
+        )
+        return len(seq_lens)
     hkv = key.shape[1]
     q_tok = query[qs:qe].to(dtype)  # [Nq, Hq, D]
     q_all = q_tok.transpose(0, 1).contiguous()  # [Hq, Nq, D]
     kp, vp = gather_kv(kv_cache, block_tables[first : first + 1], prefix, dtype, k_scale, v_scale)
     # GQA folded into the rows: each kv head's G query heads as G * Nq rows (no K/V repeat)
-    o1, lse1 = prefix_attention(prefix_kernel, native, q_all.view(1, hkv, -1, d), kp, vp, scale)
+    o1, lse1 = flash(q_all.view(1, hkv, -1, d), kp, vp, None, scale)
     o1 = o1.reshape(hq, n_q, d).transpose(0, 1)  # [Nq, Hq, D]
     lse1 = lse1.reshape(hq, n_q).t()
     lens = [query_start_loc[i + 1] - query_start_loc[i] for i in range(first, len(seq_lens))]
@@ -148,3 +173,38 @@ def cascade_prefill(
     w1, w2 = (lse1 - lse).exp_().unsqueeze(-1), (lse2 - lse).exp_().unsqueeze(-1)
     out[qs:qe] = torch.addcmul(o2.float().mul_(w2), o1.float(), w1)
     return len(seq_lens)
+
+
+def wave_ms(native: Any, dtype: torch.dtype, kernel: str) -> float:
+    """ms of cascade_prefill with prefix kernel `kernel` (best of 3 after a warm-up) on a voice
+    wave over fp16 pages: 8 chunks of 32 new tokens over a 256-token shared prefix, 4 query heads
+    over 2 kv heads of 64 dims; each chunk's own tokens by the C++ causal kernel where `native`
+    has it and it was measured faster in `dtype` (edgellm/attention/cpu_dtype.causal_kernel)."""
+    from edgellm.attention.cpu_dtype import causal_kernel
+
+    g = torch.Generator().manual_seed(0)
+    chunks, turn, prefix, bs = 8, 32, 256, 16
+    shared, own = prefix // bs, turn // bs
+    cache = torch.randn(2, shared + chunks * own, bs, 2, 64, generator=g).half()
+    tables = torch.tensor(
+        [list(range(shared)) + [shared + own * i + j for j in range(own)] for i in range(chunks)]
+    )
+    lens = [prefix + turn] * chunks
+    starts = [turn * i for i in range(chunks + 1)]
+    q = torch.randn(chunks * turn, 4, 64, generator=g)
+    kv = cache[0, shared:].reshape(-1, 2, 64).float()
+    native_prefill = native if native is not None and causal_kernel(native, dtype) else None
+    out = torch.empty_like(q)
+
+    args = (q, kv, kv, cache, tables, lens, starts, 0, 0.125, 1.0, 1.0, dtype, {}, out)
+
+    def run() -> None:
+        cascade_prefill(*args, kernel, native, native_prefill)
+
+    run()
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e3

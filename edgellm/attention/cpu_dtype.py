@@ -1,15 +1,15 @@
 """What CPU prefill attention runs (mode auto), measured once per process where it is a choice,
-never assumed from the CPU's flags: its dtype (`prefill_dtype`), and in fp32 whether the C++
-causal kernel over the pages (fp32 math, whatever the prefill dtype) beats torch's flash in that
-dtype (`causal_kernel`).
+never assumed from the CPU's flags: its dtype (`prefill_dtype`), and whether the C++ causal
+kernel over the pages (fp32 math, whatever the prefill dtype) beats torch's flash in that dtype
+(`causal_kernel`).
 
 Without bf16 units a bf16 product is emulated, far slower than fp32: fp32, nothing to measure.
 With them (AMX, AVX512-BF16) bf16 is usually the faster, but not on every such CPU (the README
 names one where torch's bf16 flash attention is slower than its fp32). So both dtypes are timed
 on representative shapes, a prompt's causal attention (a cold 256-token prompt and a 48-token
-turn after cached context; fp32 by its faster path, the C++ kernel or torch's flash) and a voice
-wave's shared-prefix product (1024 folded queries over 256 keys, by the prefix kernel
-`prefix_kernel` picks for that dtype), and the dtype with the smaller sum wins.
+turn after cached context; each dtype by its faster path, the C++ kernel or torch's flash) and a
+voice wave's cascade prefill (8 turns of 32 tokens over a 256-token cached prefix, by the prefix
+kernel `prefix_kernel` picks for that dtype), and the dtype with the smaller sum wins.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from edgellm.attention.cpu_prefix import flash, prefix_attention, prefix_kernel
+from edgellm.attention.cpu_prefix import flash, prefix_kernel
 
 logger = logging.getLogger(__name__)
 
@@ -38,12 +38,11 @@ def _best_ms(run: Callable[[], object], reps: int = 3) -> float:
 
 
 def _wave_ms(native: Any, dtype: torch.dtype) -> float:
-    """A voice wave's shared-prefix product in `dtype`, by the prefix kernel chosen for it."""
-    g = torch.Generator().manual_seed(0)
-    qp = torch.randn(1, 2, 1024, 64, generator=g).to(dtype)
-    k, v = (torch.randn(1, 2, 256, 64, generator=g).to(dtype) for _ in range(2))
-    kernel = prefix_kernel(native, dtype)
-    return _best_ms(functools.partial(prefix_attention, kernel, native, qp, k, v, 0.125))
+    """A voice wave's cascade prefill in `dtype` (edgellm/attention/cpu_cascade.wave_ms), by the
+    prefix kernel chosen for that dtype."""
+    from edgellm.attention.cpu_cascade import wave_ms
+
+    return wave_ms(native, dtype, prefix_kernel(native, dtype))
 
 
 def _causal_cost_ms(native: Any | None, dtype: torch.dtype = torch.float32) -> float:

@@ -34,8 +34,8 @@ share: 16 fp32 lanes as one zmm on AVX-512 or two ymm on AVX2), one op per
 qacts.cpp for the activations' int8 quantization, qgemm.cpp / qgemm_n16.cpp /
 qgemm_amx.cpp for the integer-dot matmuls (row layout on AVX2, the 16-row
 interleaved layout on VNNI CPUs: qgemm_n16_zmm.cpp for AVX-512 VNNI,
-qgemm_n16_ymm.cpp for AVX-VNNI, AMX tiles), prefix_softmax.cpp for prefix attention's
-bf16-dot scores and softmax, logits_head.cpp for the int8
+qgemm_n16_ymm.cpp for AVX-VNNI, AMX tiles), cascade_attention.cpp for shared-prefix
+prefill attention in bf16 products, logits_head.cpp for the int8
 logits head; small headers for what one needs from another) and bindings.cpp (the
 Python module), built once per ISA level (edgellm/cpu_isa.py). It is compiled on first use with
 torch.utils.cpp_extension.load (g++, ninja and torch's headers; once per machine,
