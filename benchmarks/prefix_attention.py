@@ -4,11 +4,12 @@ The shape is a voice wave of the default model (SmolLM2-135M: 9 query heads, 3 k
 --chunks new turns of --turn tokens each over a --prefix-token cached system prompt, one layer's
 attention call (edgellm/attention/cpu.py's cascade path) with the shared prefix attended by
   - flash-fp32:  torch's CPU flash op in fp32 (CPUs without bf16 units),
+  - scores-fp32: one C++ pass per query row over the prefix and the turn's own keys, in fp32 (FMA),
   - flash-bf16:  the same op in bf16,
   - scores-bf16: one C++ pass per query row over the prefix and the turn's own keys, scores and
                  values by vdpbf16ps (edgellm/kernels/csrc/cpu/cascade_attention.cpp)
                  (edgellm/attention/cpu_prefix.py; needs AVX512-BF16 to be fast),
-and which of the bf16 two the load-time measurement picks here (`prefix_kernel`). Reports ms per
+and which of each dtype's two the load-time measurement picks here (`prefix_kernel`). Reports ms per
 layer (best of --repeats) and the ratios to flash-bf16.
 
     python benchmarks/prefix_attention.py [--chunks 8] [--turn 46] [--prefix 512] [--out FILE]
@@ -55,6 +56,7 @@ def main() -> int:
     q, k, v = (torch.randn(n, h, D, generator=g) for h in (HQ, HKV, HKV))
     variants = {
         "flash-fp32": CpuAttention(native, torch.float32, "flash"),
+        "scores-fp32": CpuAttention(native, torch.float32, "scores"),
         "flash-bf16": CpuAttention(native, torch.bfloat16, "flash"),
         "scores-bf16": CpuAttention(native, torch.bfloat16, "scores"),
     }
@@ -68,7 +70,7 @@ def main() -> int:
         return min(times[2:]) * 1e3
 
     ms = {name: best(att) for name, att in variants.items()}
-    chosen = prefix_kernel(native, torch.bfloat16)
+    chosen = {"bf16": prefix_kernel(native, torch.bfloat16), "fp32": prefix_kernel(native, torch.float32)}
     isa = select()
     print(f"{isa.describe()}, {torch.get_num_threads()} threads; {args.chunks} turns x {args.turn} "
           f"tokens over a {args.prefix}-token cached prefix, one layer:")
@@ -82,7 +84,7 @@ def main() -> int:
                   "q_heads": HQ, "kv_heads": HKV, "head_dim": D},
         "ms_per_layer": ms,
         "ratio_to_flash_bf16": {name: ms["flash-bf16"] / t for name, t in ms.items()},
-        "chosen_bf16_prefix_kernel": chosen,
+        "chosen_prefix_kernel": chosen,
     })
     return 0
 

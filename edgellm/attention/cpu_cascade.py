@@ -1,9 +1,10 @@
 """Shared-prefix ("cascade") prefill attention on CPU: prefill chunks that start with the same
 cached blocks attend that prefix once for all their queries. By the kernel chosen at load
 (edgellm/attention/cpu_prefix.py): "scores", one C++ pass per query row over the prefix and the
-chunk's own keys in bf16 products; or "flash", the prefix in one torch flash product, each chunk
-its own suffix (causally: the C++ kernel over the pages in fp32 where it applies, else torch's
-flash), merged by log-sum-exp. A voice agent's turns over one cached system prompt are exactly that.
+chunk's own keys in the prefill dtype's products (bf16 or fp32); or "flash", the prefix in one
+torch flash product, each chunk its own suffix (causally: the C++ kernel over the pages in fp32
+where it applies, else torch's flash), merged by log-sum-exp. A voice agent's turns over one
+cached system prompt are exactly that.
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ def cascade_prefill(
     if (
         prefix_kernel == "scores"
         and native is not None
+        and dtype in (torch.float32, torch.bfloat16)
         and kv_cache.dtype in (torch.float32, torch.float16)
         and kv_cache.is_contiguous()
         and d in (64, 96, 128, 256)
@@ -117,7 +119,7 @@ def cascade_prefill(
         and query.stride(2) == 1
         and query.stride(1) == d
     ):  # prefix and own keys in one C++ pass per query row
-        out[qs:qe] = native.cascade_attention_bf16(
+        out[qs:qe] = native.cascade_attention(
             query[qs:qe],
             kv_cache,
             block_tables[first:],
@@ -125,6 +127,7 @@ def cascade_prefill(
             [query_start_loc[i] - qs for i in range(first, len(seq_lens) + 1)],
             prefix,
             scale,
+            dtype == torch.bfloat16,
         )
         return len(seq_lens)
     hkv = key.shape[1]

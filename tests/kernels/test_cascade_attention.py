@@ -1,7 +1,8 @@
-"""Shared-prefix prefill attention in bf16 products (edgellm/kernels/csrc/cpu/cascade_attention.cpp,
-chosen by edgellm/attention/cpu_prefix.py): the C++ op at every ISA level this CPU can run against
-a float64 reference of the same bf16 arithmetic on fresh random pages at odd shapes, inside cascade
-prefill against the fp32 reference, and the load-time choices of prefill attention."""
+"""Shared-prefix prefill attention in one pass per query row (edgellm/kernels/csrc/cpu/
+cascade_attention.cpp, chosen by edgellm/attention/cpu_prefix.py): the C++ op in bf16 and in fp32 at
+every ISA level this CPU can run against a float64 reference of the same arithmetic on fresh random
+pages at odd shapes, inside cascade prefill against the fp32 reference, and the load-time choices
+of prefill attention."""
 
 from __future__ import annotations
 
@@ -41,9 +42,10 @@ def _pages(seed, prefix, owns, hkv, d, dtype, bs=16):
     return cache, torch.tensor(rows, dtype=torch.int64)
 
 
-def _reference(q, cache, tables, ctx, starts, scale):
-    """The op's contract in float64: bf16 operands, fp32-exact products, softmax numerators
-    rounded to bf16 for the values; also each row's sum of e |v| / l (for the rounding bound)."""
+def _reference(q, cache, tables, ctx, starts, scale, bf16):
+    """The op's contract in float64: bf16 operands and softmax numerators (bf16) or fp32 ones;
+    also each row's sum of e |v| / l (for the rounding bound)."""
+    r = _bf16 if bf16 else (lambda t: t.double())
     hq, d = q.shape[1], q.shape[2]
     hkv, bs = cache.shape[3], cache.shape[2]
     out = torch.empty(q.shape, dtype=torch.float64)
@@ -51,27 +53,28 @@ def _reference(q, cache, tables, ctx, starts, scale):
     for c in range(len(ctx)):
         pos = torch.arange(ctx[c])
         slots = tables[c, pos // bs] * bs + pos % bs
-        k = _bf16(cache[0].reshape(-1, hkv, d)[slots])  # [ctx, Hkv, D]
-        v = _bf16(cache[1].reshape(-1, hkv, d)[slots])
+        k = r(cache[0].reshape(-1, hkv, d)[slots].float())  # [ctx, Hkv, D]
+        v = r(cache[1].reshape(-1, hkv, d)[slots].float())
         t = starts[c + 1] - starts[c]
         for i in range(t):
             seen = ctx[c] - t + i + 1
             for h in range(hq):
                 kv = h // (hq // hkv)
-                s = (_bf16(q[starts[c] + i, h]) @ k[:seen, kv].T) * scale
+                s = (r(q[starts[c] + i, h]) @ k[:seen, kv].T) * scale
                 e = (s - s.max()).exp()
                 l = e.sum()
-                out[starts[c] + i, h] = (_bf16(e) @ v[:seen, kv]) / l
+                out[starts[c] + i, h] = (r(e) @ v[:seen, kv]) / l
                 mag[starts[c] + i, h] = (e @ v[:seen, kv].abs().amax(-1)) / l
     return out, mag
 
 
+@pytest.mark.parametrize("bf16", [True, False])
 @pytest.mark.parametrize("prefix,owns,turns,hq,hkv,d,dtype", [
     (64, [7, 30, 16], [7, 12, 16], 9, 3, 64, torch.float16),  # own history cached before chunk 1's turn
     (32, [5, 41], [5, 41], 4, 2, 128, torch.float32),
     (48, [3], [2], 2, 1, 96, torch.float16),
 ])
-def test_cascade_attention_against_the_bf16_reference(native, prefix, owns, turns, hq, hkv, d, dtype):
+def test_cascade_attention_against_the_reference(native, prefix, owns, turns, hq, hkv, d, dtype, bf16):
     cache, tables = _pages(prefix + sum(owns) + hq, prefix, owns, hkv, d, dtype)
     g = torch.Generator().manual_seed(len(owns) * 7 + d)
     starts = [sum(turns[:i]) for i in range(len(turns) + 1)]
@@ -79,16 +82,19 @@ def test_cascade_attention_against_the_bf16_reference(native, prefix, owns, turn
     q = wide[:, :hq]
     ctx = [prefix + n for n in owns]
     scale = d ** -0.5
-    got = native.cascade_attention_bf16(q, cache, tables, ctx, starts, prefix, scale)
-    want, mag = _reference(q, cache, tables, ctx, starts, scale)
+    got = native.cascade_attention(q, cache, tables, ctx, starts, prefix, scale, bf16)
+    want, mag = _reference(q, cache, tables, ctx, starts, scale, bf16)
     assert got.shape == q.shape and got.dtype == torch.float32
-    # each probability may round to a neighbouring bf16 (its fp32 score sums in another order, exp
-    # within a few ulp): at most 2^-7 of its weight; then fp32 sums
-    bound = 2.0 ** -7 * mag[..., None] + 1e-5
+    # bf16: each probability may round to a neighbouring bf16 (its fp32 score sums in another order,
+    # exp within a few ulp): at most 2^-7 of its weight; fp32: sums in another order, exp's ulps
+    bound = (2.0 ** -7 if bf16 else 1e-5) * mag[..., None] + 1e-5
     assert ((got.double() - want).abs() <= bound).all()
     fp32 = paged_attention_ref(q.contiguous(), None, None, cache.float(), tables, ctx, starts, 0, scale)
     err = (got - fp32).abs().max().item()
-    assert 0 < err < 2e-2 * fp32.abs().max().item()  # bf16 is real, and no worse than bf16 attention
+    if bf16:  # bf16 is real, and no worse than bf16 attention
+        assert 0 < err < 2e-2 * fp32.abs().max().item()
+    else:
+        assert err < 1e-5 * fp32.abs().max().item()
 
 
 def test_bad_inputs_are_errors(native):
@@ -96,24 +102,33 @@ def test_bad_inputs_are_errors(native):
     q = torch.randn(8, 4, 64)
     args = (cache, tables, [40, 40], [0, 4, 8])
     with pytest.raises(RuntimeError, match="prefix"):
-        native.cascade_attention_bf16(q, *args, 24, 0.125)  # not a multiple of 16
+        native.cascade_attention(q, *args, 24, 0.125, True)  # not a multiple of 16
     with pytest.raises(RuntimeError, match="prefix wholly before"):
-        native.cascade_attention_bf16(q, cache, tables, [40, 40], [0, 4, 8], 48, 0.125)
+        native.cascade_attention(q, cache, tables, [40, 40], [0, 4, 8], 48, 0.125, False)
     with pytest.raises(RuntimeError, match="head dim"):
-        native.cascade_attention_bf16(q[..., :32].contiguous(), cache[..., :32].contiguous(), tables,
-                                      [40, 40], [0, 4, 8], 32, 0.125)
+        native.cascade_attention(q[..., :32].contiguous(), cache[..., :32].contiguous(), tables,
+                                 [40, 40], [0, 4, 8], 32, 0.125, True)
     with pytest.raises(RuntimeError, match="fp32 or fp16"):
-        native.cascade_attention_bf16(q, cache.to(torch.float8_e4m3fn), *args[1:], 32, 0.125)
+        native.cascade_attention(q, cache.to(torch.float8_e4m3fn), *args[1:], 32, 0.125, True)
     bad = tables.clone()
     bad[1, 2] = 10_000
     with pytest.raises(RuntimeError, match="outside the cache"):
-        native.cascade_attention_bf16(q, cache, bad, [40, 40], [0, 4, 8], 32, 0.125)
+        native.cascade_attention(q, cache, bad, [40, 40], [0, 4, 8], 32, 0.125, False)
 
 
-def test_prefix_kernel_is_measured_where_it_applies():
+def test_prefix_kernel_is_measured_where_it_applies(caplog):
+    """Measured in bf16 and fp32 (both times logged); "flash" without the C++ module."""
+    import logging
+
     native = cpu_native.load()
-    assert prefix_kernel(native, torch.float32) == "flash" and prefix_kernel(None, torch.bfloat16) == "flash"
-    assert prefix_kernel(native, torch.bfloat16) in ("flash", "scores")
+    assert prefix_kernel(None, torch.bfloat16) == "flash" and prefix_kernel(None, torch.float32) == "flash"
+    prefix_kernel.cache_clear()
+    with caplog.at_level(logging.INFO, logger="edgellm.attention.cpu_prefix"):
+        chosen = {dt: prefix_kernel(native, dt) for dt in (torch.bfloat16, torch.float32)}
+    assert set(chosen.values()) <= {"flash", "scores"}
+    if native.n16_variant() != "scalar":
+        logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("cascade prefill")]
+        assert len(logged) == 2 and all("flash" in m and "scores" in m for m in logged)
 
 
 def test_prefill_dtype_is_measured_only_with_bf16_units(caplog):
@@ -156,10 +171,12 @@ def test_the_causal_kernel_is_chosen_by_measurement(caplog, dtype):
     assert CpuAttention(native, None, causal_kernel=True).native_prefill is None  # exact mode: the reference
 
 
+@pytest.mark.parametrize("prefill_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
-def test_cascade_prefill_with_the_scores_kernel(cache_dtype):
+def test_cascade_prefill_with_the_scores_kernel(cache_dtype, prefill_dtype):
     """Three chunks over a 128-token cached prefix through CpuAttention: the one-pass kernel gives
-    the fp32 reference as closely as bf16 attention does, from fp32 and from fp16 pages."""
+    the fp32 reference as closely as bf16 attention does in bf16, and equals it in fp32, from fp32
+    and from fp16 pages."""
     native = cpu_native.load()
     g = torch.Generator().manual_seed(4)
     nb, bs, hq, hkv, d = 40, 16, 9, 3, 64
@@ -176,7 +193,11 @@ def test_cascade_prefill_with_the_scores_kernel(cache_dtype):
     k = torch.randn(67, hkv, d, generator=g)
     want = paged_attention_ref(q, k, k, cache.float(), tables, lens, starts, 0, d ** -0.5)
     step: dict = {}
-    got = CpuAttention(native, torch.bfloat16, "scores").paged(q, k, k, cache, tables, lens, starts, 0,
-                                                               d ** -0.5, step_cache=step)
+    got = CpuAttention(native, prefill_dtype, "scores").paged(q, k, k, cache, tables, lens, starts, 0,
+                                                              d ** -0.5, step_cache=step)
     assert step[("cascade", 0)] == 8
-    assert 0 < (got - want).abs().max().item() < 2e-2 * want.abs().max().item()
+    err = (got - want).abs().max().item()
+    if prefill_dtype == torch.bfloat16:
+        assert 0 < err < 2e-2 * want.abs().max().item()
+    else:
+        assert err < 1e-5 * want.abs().max().item()

@@ -19,8 +19,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("prefill_attention", torch::wrap_pybind_function(edgellm::cpu::prefill_attention), "prefill_attention");
   m.def("prefill_attention_many", torch::wrap_pybind_function(edgellm::cpu::prefill_attention_many),
         "prefill_attention_many");
-  m.def("cascade_attention_bf16", torch::wrap_pybind_function(edgellm::cpu::cascade_attention_bf16),
-        "cascade_attention_bf16");
+  m.def("cascade_attention", torch::wrap_pybind_function(edgellm::cpu::cascade_attention), "cascade_attention");
   m.def("rotate_", torch::wrap_pybind_function(edgellm::cpu::rotate_), "rotate_");
   m.def("silu_mul", torch::wrap_pybind_function(edgellm::cpu::silu_mul), "silu_mul");
   m.def("silu_mul_f32", torch::wrap_pybind_function(edgellm::cpu::silu_mul_f32), "silu_mul_f32");
