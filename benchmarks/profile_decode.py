@@ -29,8 +29,8 @@ from edgellm.sampling import SamplingParams
 
 
 def run_batch(engine: LLMEngine, timer: PhaseTimer, batch: int, prompt_len: int, steps: int,
-              ops: bool) -> dict:
-    params = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True)
+              ops: bool, temperature: float = 0.0) -> dict:
+    params = SamplingParams(max_tokens=steps + 8, temperature=temperature, ignore_eos=True)
     vocab = engine.model_config.vocab_size
     g = torch.Generator().manual_seed(batch)
     for i in range(batch):
@@ -77,6 +77,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--kv-cache-dtype", default="auto", help="auto | fp32 | fp16 | fp8 (EngineConfig's)")
     ap.add_argument("--ops", action="store_true", help="torch profiler operator table per batch size")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy; above: every row samples")
     ap.add_argument("--out", default=str(RESULTS / "profile_decode.json"))
     args = ap.parse_args()
     if args.threads:
@@ -90,7 +91,7 @@ def main() -> None:
     timer = PhaseTimer(engine)
     rows = []
     for b in (int(x) for x in args.batch.split(",")):
-        row = run_batch(engine, timer, b, args.prompt_len, args.steps, args.ops)
+        row = run_batch(engine, timer, b, args.prompt_len, args.steps, args.ops, args.temperature)
         rows.append(row)
         ph = "  ".join(f"{k} {v:.2f}" for k, v in row["phases_ms"].items())
         print(f"batch {b:3d}: step {row['step_ms']:.2f} ms  {row['tok_s']:.1f} tok/s  |  {ph}")
@@ -100,6 +101,7 @@ def main() -> None:
         **header(__doc__, __file__), "machine": machine_info(),
         "cpu_quant": args.cpu_quant or env.cpu_quant() or "auto",
         "kv_cache_dtype": str(engine.kv_dtype).replace("torch.", ""), "prompt_len": args.prompt_len,
+        "temperature": args.temperature,
         "rows": [{k: v for k, v in r.items() if k != "ops_table"} for r in rows],
     })
 

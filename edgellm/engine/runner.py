@@ -206,6 +206,7 @@ class ModelRunner:
         if batch.logits_indices.numel() == 0:
             return result
         argmax_only: list[bool] = []
+        sampling: list[bool] = []  # rows whose logits only feed the sampler at a temperature
         allowed: dict[int, torch.Tensor] = {}  # greedy grammar rows: the head masks them itself
         # grammar masks the logits head applies itself (greedy rows), where it can
         head_masks = self.sampler.grammar
@@ -223,8 +224,9 @@ class ModelRunner:
                 ):
                     allowed[len(argmax_only)] = head_masks.allowed(seq.grammar)
                 argmax_only.extend([ok] * count)
+                sampling.extend([not seq.want_prompt_logits and seq.params.sampling_only] * count)
         logits = self.model.compute_logits(
-            hidden[batch.logits_indices], argmax_only, allowed or None
+            hidden[batch.logits_indices], argmax_only, allowed or None, sampling
         )
         sample_rows: list[int] = []
         sample_seqs = []

@@ -202,14 +202,17 @@ class CausalLM(nn.Module):
         hidden: torch.Tensor,
         argmax_only: list[bool] | None = None,
         allowed: dict[int, torch.Tensor] | None = None,
+        sampling: list[bool] | None = None,
     ) -> torch.Tensor:
         """[N, hidden] -> float32 [N, vocab]. argmax_only: per row, whether only its argmax matters
         (lets the CPU fast head approximate the tail); None: every logit of every row matters.
+        sampling: per row, whether its logits only feed a sampler at a temperature (the CPU fast
+        heads give those their approximate product; None: no such row).
         allowed: row -> int32 [ceil(vocab / 32)] token bitmask (set bit = allowed; xgrammar's
         layout), greedy rows under a grammar whose masked argmax is all that
         matters (only where the head can do it: `supports_masked_argmax`); their disallowed logits
         come back -inf."""
-        logits = self._logits(hidden, argmax_only, allowed)
+        logits = self._logits(hidden, argmax_only, allowed, sampling)
         cap = self.config.final_logit_softcapping
         if cap is None:
             return logits
@@ -221,9 +224,11 @@ class CausalLM(nn.Module):
         hidden: torch.Tensor,
         argmax_only: list[bool] | None,
         allowed: dict[int, torch.Tensor] | None,
+        sampling: list[bool] | None = None,
     ) -> torch.Tensor:
         if allowed:
             flags = argmax_only or [False] * hidden.shape[0]
+            sampled = sampling or [False] * hidden.shape[0]
             others = [i for i in range(hidden.shape[0]) if i not in allowed]
             rows = sorted(allowed)
             out = torch.empty(
@@ -231,13 +236,17 @@ class CausalLM(nn.Module):
             )
             if others:
                 idx = torch.tensor(others)
-                out[idx] = self._logits(hidden[idx], [flags[i] for i in others], None)
+                out[idx] = self._logits(
+                    hidden[idx], [flags[i] for i in others], None, [sampled[i] for i in others]
+                )
             idx = torch.tensor(rows)
             out[idx] = self.fast_logits.masked(hidden[idx], torch.stack([allowed[r] for r in rows]))  # type: ignore[union-attr]
             return out
         if self.fast_logits is not None:
             return self.fast_logits(
-                hidden, argmax_only if argmax_only is not None else [False] * hidden.shape[0]
+                hidden,
+                argmax_only if argmax_only is not None else [False] * hidden.shape[0],
+                sampling,
             )
         if self.lm_head is None:
             return F.linear(hidden, self.model.embed_tokens.weight).float()

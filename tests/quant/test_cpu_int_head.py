@@ -66,6 +66,25 @@ def test_argmax_and_window(native):
     assert torch.equal(mixed[::2], want[::2]) and torch.equal(mixed.argmax(-1), want.argmax(-1))
 
 
+def test_sampling_rows_take_the_int8_products(native):
+    """Rows that sample at a temperature get every logit from the int8 products (within the
+    window of the fp32 ones, not equal to them); argmax rows keep the fp32 argmax, the rest fp32."""
+    g = torch.Generator().manual_seed(5)
+    w = _weight(g)
+    head = _head(w, native)
+    x = torch.randn(5, K, generator=g) * 2
+    want = F.linear(x, w)
+    _, _, bound = head.approximate(x)
+    got = head(x, [False, True, False, False, True], [True, False, False, True, True])
+    sampled = [0, 3]
+    assert torch.equal(got[sampled], head.int_dot(x[sampled]))
+    assert ((got[sampled] - want[sampled]).abs() <= bound[sampled]).all()
+    assert not torch.allclose(got[sampled], want[sampled], rtol=1e-5, atol=1e-6)
+    assert torch.equal(got[2], want[2])  # neither: every logit in fp32
+    assert torch.equal(got[[1, 4]].argmax(-1), want[[1, 4]].argmax(-1))  # argmax wins over sampling
+    assert torch.equal(head(x[sampled], [False, False], [True, True]), head.int_dot(x[sampled]))
+
+
 def test_a_near_tie_is_settled_in_fp32(native):
     g = torch.Generator().manual_seed(2)
     w = _weight(g)

@@ -139,12 +139,21 @@ def test_fast_logits_head_keeps_the_fp32_argmax(exact, fast, hidden_states, rows
         top = want.argmax(-1, keepdim=True)  # recomputed in fp32
         assert torch.allclose(got.gather(1, top), want.gather(1, top), rtol=1e-5, atol=1e-5)
         assert not torch.equal(got, want)  # the tail stays approximate
-        # rows that need every logit (sampling, logprobs) take the fp32 weight, in any company
+        # rows that need every logit (logprobs) take the fp32 weight, in any company
         need = [i % 2 == 0 for i in range(rows)]
         mixed = head(x, need)
         full = [i for i in range(rows) if not need[i]]
         assert torch.equal(mixed[full], want[full])
         assert torch.equal(mixed.argmax(-1), want.argmax(-1))
+        # rows that sample at a temperature take the approximate product alone
+        sampled = head(x, [False] * rows, [i % 3 == 0 for i in range(rows)])
+        rows_s = list(range(0, rows, 3))
+        assert torch.equal(sampled[rows_s], head.sampling_logits(x[rows_s]))
+        _, _, b = head.approximate(x[rows_s])
+        e = (sampled[rows_s] - want[rows_s]).abs()
+        assert 0 < e.max().item() and (e <= b).all()  # approximate, within its window
+        others = [i for i in range(rows) if i % 3]
+        assert torch.equal(sampled[others], want[others])
     # a row with more candidates than MAX_CANDIDATES is recomputed whole
     monkeypatch.setattr(head, "MAX_CANDIDATES", 0)
     assert torch.equal(head(x), torch.nn.functional.linear(x, weight))

@@ -14,7 +14,8 @@ class CpuFastLogitsHead:
     (SmolLM2's tied 49152 x 576 embedding is 113 MB in fp32, more than all its int4 layers).
     Up to int8_max_rows such rows read it as int8 per output row through torch's int8 GEMV
     (`_weight_int8pack_mm`, 28 MB); more rows use a bf16 copy on the bf16 matrix units (its cost
-    is flat in rows). Every other row (sampling, logprobs, prompt logits) takes the fp32 weight.
+    is flat in rows). Rows that sample at a temperature take the approximate product alone;
+    every other row (logprobs, prompt logits) takes the fp32 weight.
 
     The argmax stays the fp32 head's: each approximate logit is within B of the fp32 one (weight
     rounding, bf16 activations, bf16 output; bound() below: 8 standard deviations of the rounding
@@ -46,22 +47,41 @@ class CpuFastLogitsHead:
         self.bf16 = pack_bf16(bf16, packed_bf16)
         self.weight = weight  # the model's own (tied) matrix: no copy
 
-    def __call__(self, x: torch.Tensor, argmax_only: list[bool] | None = None) -> torch.Tensor:
-        """argmax_only: per row, whether only its argmax is needed (None: all rows)."""
+    def __call__(
+        self,
+        x: torch.Tensor,
+        argmax_only: list[bool] | None = None,
+        sampling: list[bool] | None = None,
+    ) -> torch.Tensor:
+        """argmax_only: per row, whether only its argmax is needed (None: all rows). sampling: per
+        row, whether its logits only feed a sampler at a temperature (no logprobs): those take the
+        approximate product alone (`sampling_logits`), every logit within the window `approximate`
+        bounds, the order of the int8 layers' own noise in this mode. The other rows take the fp32
+        weight."""
         rows = x.shape[0]
-        approx = (
-            list(range(rows))
-            if argmax_only is None
-            else [i for i, a in enumerate(argmax_only) if a]
+        argmax = (
+            set(range(rows)) if argmax_only is None else {i for i, a in enumerate(argmax_only) if a}
         )
-        if not approx or x.dtype != torch.float32:
+        approx = {i for i, s in enumerate(sampling or []) if s} - argmax
+        if x.dtype != torch.float32 or not (argmax or approx):
             return F.linear(x, self.weight).float()
-        if len(approx) == rows:
+        if len(argmax) == rows:
             return self._approx(x)
-        out = F.linear(x, self.weight).float()  # rows that need every logit
-        idx = torch.tensor(approx)
-        out[idx] = self._approx(x[idx])
+        if len(approx) == rows:
+            return self.sampling_logits(x)
+        if len(argmax) + len(approx) < rows:  # rows that need every logit exactly
+            out = F.linear(x, self.weight).float()
+        else:
+            out = torch.empty(rows, self.weight.shape[0], dtype=torch.float32)
+        for idx, run in ((argmax, self._approx), (approx, self.sampling_logits)):
+            if idx:
+                t = torch.tensor(sorted(idx))
+                out[t] = run(x[t])
         return out
+
+    def sampling_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Every logit of fp32 rows x [M, K] by the approximate product (no recheck)."""
+        return self.approximate(x)[0]
 
     def bound(
         self, x: torch.Tensor, xb: torch.Tensor, top: torch.Tensor, int8: bool

@@ -4,7 +4,9 @@ The head is the largest matrix of a small model (SmolLM2's tied 49152 x 576 embe
 in fp32, more than all its int4 layers), so a greedy decode step reads it as int8 (one scale per
 vocabulary row, 28 MB) times int8-quantized activations (edgellm/kernels/csrc/cpu/qgemm_n16.h, bits
 8).
-The argmax stays the fp32 head's, as in
+Rows that sample at a temperature (no logprobs) take the int8 products alone: every logit within
+the window below, the order of the int8 layers' own noise. For argmax rows the argmax stays the
+fp32 head's, as in
 edgellm/quant/linear_kernels/cpu_fast_head.CpuFastLogitsHead: every token whose
 approximate logit is within twice the error bound of the row's maximum is recomputed in fp32.
 The bound: the dot product's error sum_k x_k e_k + d_k w_k (e: the weight's int8 rounding, known
@@ -109,6 +111,10 @@ class IntDotLogitsHead(CpuFastLogitsHead):
         ).sqrt()
         hi, lo = logits.amax(-1, keepdim=True), logits.amin(-1, keepdim=True)
         return logits, hi, self.SIGMAS * sigma + torch.maximum(hi, -lo) * 1e-5
+
+    def sampling_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Every logit of fp32 rows x [M, K] by the int8 products alone (no window, no recheck)."""
+        return self.int_dot(x.contiguous())
 
     def _approx(self, x: torch.Tensor) -> torch.Tensor:
         """approximate() and the fp32 recheck of the window's tokens, in one C++ call
