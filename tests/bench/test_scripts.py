@@ -88,13 +88,17 @@ def quick_kv_events_overhead(tmp_path):
 
 def quick_prefix_attention(tmp_path):
     r = run_json("prefix_attention", tmp_path, "--chunks", "2", "--turn", "5", "--prefix", "64", "--repeats", "1")
-    assert set(r["ms_per_layer"]) == {"flash-fp32", "flash-bf16", "scores-bf16"}
-    assert all(x > 0 for x in r["ms_per_layer"].values()) and r["chosen_bf16_prefix_kernel"] in ("flash", "scores")
+    assert set(r["ms_per_layer"]) == {"flash-fp32", "scores-fp32", "flash-bf16", "scores-bf16"}
+    assert all(x > 0 for x in r["ms_per_layer"].values())
+    assert set(r["chosen_prefix_kernel"]) == {"bf16", "fp32"}
+    assert set(r["chosen_prefix_kernel"].values()) <= {"flash", "scores"}
 
 
 def quick_profile_decode(tmp_path):
     r = run_json("profile_decode", tmp_path, "--batch", "1", "--prompt-len", "8", "--steps", "2")
     assert r["rows"] and r["rows"][0]["tok_s"] > 0
+    r = run_json("profile_decode", tmp_path, "--batch", "2", "--prompt-len", "8", "--steps", "2", "--temperature", "0.7")
+    assert r["temperature"] == 0.7 and r["rows"][0]["phases_ms"]["sample"] > 0
 
 
 def quick_kv_dtype_decode(tmp_path):
@@ -132,6 +136,8 @@ def quick_offline_throughput(tmp_path):
 def quick_cpu_quant_accuracy(tmp_path):
     r = run_json("cpu_quant_accuracy", tmp_path, "--chunks", "1", "--chunk-tokens", "16")
     assert r["machine"]["cpu"] and numbers(r)
+    assert r["modes"]["exact"]["sampling_kl_mean"] == 0
+    assert r["modes"]["auto, sampling rows"]["sampling_kl_mean"] > 0
 
 
 def quick_cpu_quant_decode(tmp_path):
