@@ -11,7 +11,6 @@ MACs at the rate of the dtype it runs in; the sum is the floor a measured step i
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,13 +18,10 @@ import torch
 
 
 def _best_s(run: Callable[[], object], reps: int) -> float:
+    from edgellm.quant.linear_kernels.cpu_int import _time
+
     run()  # warm-up: oneDNN builds its primitive on the first call
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - t0)
-    return best
+    return _time(run, reps)
 
 
 def matmul_rates(m: int = 512, k: int = 2048, n: int = 2048, reps: int = 5) -> dict[str, float]:

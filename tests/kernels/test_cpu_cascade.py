@@ -7,16 +7,8 @@ import pytest
 import torch
 
 from edgellm.attention.cpu import CpuAttention
-from edgellm.kernels import cpu_native
 from edgellm.kernels.paged_attention import paged_attention_ref, write_kv_ref
-
-
-def _vector_native():
-    module = cpu_native.load()
-    assert module is not None, "the C++ CPU kernels did not build (g++ and torch headers needed)"
-    if module.n16_variant() == "scalar":  # a hardware limit: no AVX2, so no such kernel
-        pytest.skip("this CPU has no AVX2: the causal prefill kernel is built only with vector units")
-    return module
+from tests.helpers.isa_levels import vector_native
 
 
 def _wave(seed: int, qlens: list[int], hq: int, hkv: int):
@@ -48,7 +40,7 @@ def test_bf16_cascade_attends_its_own_tokens_in_fp32_by_the_cpp_kernel(qlens, hq
     args = _wave(11, qlens, hq, hkv)
     want = paged_attention_ref(*args)
     step: dict = {}
-    cpp = CpuAttention(_vector_native(), torch.bfloat16, "flash", causal_kernel=True)
+    cpp = CpuAttention(vector_native(), torch.bfloat16, "flash", causal_kernel=True)
     assert cpp.native_prefill is not None
     got = cpp.paged(*args, step_cache=step)
     assert step[("cascade", 0)] == 6  # the shared-prefix path ran

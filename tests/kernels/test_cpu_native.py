@@ -24,6 +24,7 @@ from edgellm.models.fused_decode import (
     LINEAR_TINYGEMM,
     META_PER_LAYER,
 )
+from tests.helpers.isa_levels import vector_native
 from tests.helpers.fused_paths import check_fused_against_layers, decode_both_ways, logprob_gap
 from tests.helpers.quant_tiny import quantize_checkpoint
 
@@ -32,15 +33,6 @@ from tests.helpers.quant_tiny import quantize_checkpoint
 def built():
     module = cpu_native.load()
     assert module is not None, "the C++ decode attention did not build (g++ and torch headers needed)"
-    return module
-
-
-def _vector_native():
-    """The C++ module, for kernels built only with vector units (AVX2 and up)."""
-    module = cpu_native.load()
-    assert module is not None, "the C++ CPU kernels did not build (g++ and torch headers needed)"
-    if module.n16_variant() == "scalar":  # a hardware limit: no AVX2, so no such kernel
-        pytest.skip("this CPU has no AVX2: the causal prefill kernel is built only with vector units")
     return module
 
 
@@ -386,7 +378,7 @@ def test_shared_prefix_cascade_prefill(native):
     enough fall back to the per-sequence path (the C++ kernel per chunk, or torch's SDPA)."""
     import edgellm.attention.cpu_cascade as cpu_cascade
 
-    mod = _vector_native() if native else None
+    mod = vector_native() if native else None
 
     g = torch.Generator().manual_seed(4)
     nb, bs, hq, hkv, d = 40, 16, 9, 3, 64
@@ -428,7 +420,7 @@ def test_cascade_when_the_suffix_is_this_steps_tokens(qlens, hq, hkv, native):
     """The usual voice case: every chunk's cached part is exactly the shared prefix, so its suffix
     is this step's own keys and values (torch: read from the arguments, all chunks in one causal
     call, padded to the longest when their lengths differ; C++: from each chunk's pages)."""
-    mod = _vector_native() if native else None
+    mod = vector_native() if native else None
     g = torch.Generator().manual_seed(6)
     nb, bs, d = 30, 16, 64
     cache = torch.zeros(2, nb, bs, hkv, d)

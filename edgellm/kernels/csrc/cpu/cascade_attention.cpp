@@ -13,6 +13,7 @@
 #include "cascade_attention.h"
 
 #include "cascade_math.h"
+#include "prefill_attention.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
@@ -177,31 +178,16 @@ void attend(const float* q, int64_t q_tok, const E* kc, const int64_t* tp, int64
 at::Tensor cascade_attention(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& tables,
                              const std::vector<int64_t>& ctx, const std::vector<int64_t>& q_start, int64_t prefix,
                              double scale, bool bf16) {
-  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.stride(2) == 1 && q.stride(1) == q.size(2),
-              "q: [N, Hq, D] fp32, heads and dims contiguous");
-  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 &&
-                  (kv_cache.scalar_type() == at::kFloat || kv_cache.scalar_type() == at::kHalf) &&
-                  kv_cache.is_contiguous(),
-              "kv_cache: [2, NB, BS, Hkv, D] fp32 or fp16, contiguous");
-  const int64_t N = q.size(0), Hq = q.size(1), D = q.size(2), C = static_cast<int64_t>(ctx.size());
-  const int64_t NB = kv_cache.size(1), BS = kv_cache.size(2), Hkv = kv_cache.size(3), P = prefix;
-  TORCH_CHECK(kv_cache.size(4) == D && Hkv > 0 && Hq % Hkv == 0, "kv_cache heads/dims do not fit q");
-  TORCH_CHECK(D == 64 || D == 96 || D == 128 || D == 256, "head dim must be 64, 96, 128 or 256, got ", D);
+  const int64_t C = static_cast<int64_t>(ctx.size()), P = prefix;
+  std::vector<int64_t> key_from(C, P);  // chunk 0's row holds the prefix's blocks for every chunk
+  if (C > 0) key_from[0] = 0;
+  check_paged_chunks(q, kv_cache, tables, ctx, q_start, key_from);
+  const int64_t N = q.size(0), Hq = q.size(1), D = q.size(2);
+  const int64_t NB = kv_cache.size(1), BS = kv_cache.size(2), Hkv = kv_cache.size(3);
   TORCH_CHECK(P > 0 && P % 16 == 0 && P % BS == 0, "prefix must be a positive multiple of 16 and of the block size");
-  TORCH_CHECK(C > 0 && static_cast<int64_t>(q_start.size()) == C + 1 && q_start[0] == 0 && q_start[C] == N,
-              "need one ctx per chunk and q_start [0, .., N] (chunks + 1 entries)");
-  TORCH_CHECK(tables.dim() == 2 && tables.size(0) == C && tables.scalar_type() == at::kLong && tables.stride(1) == 1,
-              "tables: int64 [chunks, W], rows contiguous");
+  for (int64_t c = 0; c < C; ++c)
+    TORCH_CHECK(ctx[c] - (q_start[c + 1] - q_start[c]) >= P, "chunk ", c, ": need the prefix wholly before its first query");
   const int64_t* tp = tables.data_ptr<int64_t>();
-  for (int64_t c = 0; c < C; ++c) {
-    const int64_t T = q_start[c + 1] - q_start[c];
-    TORCH_CHECK(T > 0 && ctx[c] - T >= P, "chunk ", c, ": need rows, and the prefix wholly before its first query");
-    TORCH_CHECK(tables.size(1) * BS >= ctx[c], "chunk ", c, ": its table row covers fewer than ctx = ", ctx[c], " keys");
-    for (int64_t b = c == 0 ? 0 : P / BS; b < (ctx[c] + BS - 1) / BS; ++b) {  // the prefix: chunk 0's row
-      const int64_t e = tp[c * tables.stride(0) + b];
-      TORCH_CHECK(e >= 0 && e < NB, "block table entry ", e, " outside the cache's ", NB, " blocks");
-    }
-  }
   auto out = at::empty({N, Hq, D}, q.options());
   pybind11::gil_scoped_release no_gil;
   auto run = [&](auto math, const auto* kc) {

@@ -251,10 +251,9 @@ constexpr int64_t SUB = 16;
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> prefill_attention_many(const at::Tensor& q, const at::Tensor& kv_cache,
-                                                          const at::Tensor& tables, const std::vector<int64_t>& ctx,
-                                                          const std::vector<int64_t>& q_start,
-                                                          const std::vector<int64_t>& key_start, double scale) {
+void check_paged_chunks(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& tables,
+                        const std::vector<int64_t>& ctx, const std::vector<int64_t>& q_start,
+                        const std::vector<int64_t>& key_from) {
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.stride(2) == 1 && q.stride(1) == q.size(2),
               "q: [N, Hq, D] fp32, heads and dims contiguous");
   TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 &&
@@ -265,22 +264,37 @@ std::tuple<at::Tensor, at::Tensor> prefill_attention_many(const at::Tensor& q, c
   const int64_t NB = kv_cache.size(1), BS = kv_cache.size(2), Hkv = kv_cache.size(3);
   TORCH_CHECK(kv_cache.size(4) == D && Hkv > 0 && Hq % Hkv == 0, "kv_cache heads/dims do not fit q");
   TORCH_CHECK(D == 64 || D == 96 || D == 128 || D == 256, "head dim must be 64, 96, 128 or 256, got ", D);
-  TORCH_CHECK(BS % SUB == 0, "block size must be a multiple of ", SUB);
-  TORCH_CHECK(B > 0 && static_cast<int64_t>(q_start.size()) == B + 1 && static_cast<int64_t>(key_start.size()) == B &&
-                  q_start[0] == 0 && q_start[B] == N,
-              "need one ctx and key_start per chunk and q_start [0, .., N] (chunks + 1 entries)");
+  TORCH_CHECK(B > 0 && static_cast<int64_t>(q_start.size()) == B + 1 && q_start[0] == 0 && q_start[B] == N,
+              "need one ctx per chunk and q_start [0, .., N] (chunks + 1 entries)");
   TORCH_CHECK(tables.dim() == 2 && tables.size(0) == B && tables.scalar_type() == at::kLong && tables.stride(1) == 1,
               "tables: int64 [chunks, W], rows contiguous");
   const int64_t* tp = tables.data_ptr<int64_t>();
   for (int64_t c = 0; c < B; ++c) {
     const int64_t T = q_start[c + 1] - q_start[c];
-    TORCH_CHECK(T > 0 && ctx[c] >= T && key_start[c] >= 0 && key_start[c] % SUB == 0 && key_start[c] <= ctx[c] - T,
-                "chunk ", c, ": need 0 < T <= ctx and key_start a multiple of 16 at most ctx - T");
+    TORCH_CHECK(T > 0 && ctx[c] >= T, "chunk ", c, ": need 0 < T <= ctx");
     TORCH_CHECK(tables.size(1) * BS >= ctx[c], "chunk ", c, ": its table row covers fewer than ctx = ", ctx[c], " keys");
-    for (int64_t b = key_start[c] / BS; b < (ctx[c] + BS - 1) / BS; ++b) {
+    for (int64_t b = std::max<int64_t>(key_from[c], 0) / BS; b < (ctx[c] + BS - 1) / BS; ++b) {
       const int64_t e = tp[c * tables.stride(0) + b];
       TORCH_CHECK(e >= 0 && e < NB, "block table entry ", e, " outside the cache's ", NB, " blocks");
     }
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> prefill_attention_many(const at::Tensor& q, const at::Tensor& kv_cache,
+                                                          const at::Tensor& tables, const std::vector<int64_t>& ctx,
+                                                          const std::vector<int64_t>& q_start,
+                                                          const std::vector<int64_t>& key_start, double scale) {
+  const int64_t B = static_cast<int64_t>(ctx.size());
+  TORCH_CHECK(static_cast<int64_t>(key_start.size()) == B, "need one key_start per chunk");
+  check_paged_chunks(q, kv_cache, tables, ctx, q_start, key_start);
+  const int64_t N = q.size(0), Hq = q.size(1), D = q.size(2);
+  const int64_t NB = kv_cache.size(1), BS = kv_cache.size(2), Hkv = kv_cache.size(3);
+  TORCH_CHECK(BS % SUB == 0, "block size must be a multiple of ", SUB);
+  const int64_t* tp = tables.data_ptr<int64_t>();
+  for (int64_t c = 0; c < B; ++c) {
+    const int64_t T = q_start[c + 1] - q_start[c];
+    TORCH_CHECK(key_start[c] >= 0 && key_start[c] % SUB == 0 && key_start[c] <= ctx[c] - T,
+                "chunk ", c, ": need 0 < T <= ctx and key_start a multiple of 16 at most ctx - T");
   }
   auto out = at::empty({N, Hq, D}, q.options());
   auto lse = at::empty({N, Hq}, q.options());

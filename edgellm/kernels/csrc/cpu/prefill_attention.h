@@ -30,4 +30,13 @@ std::tuple<at::Tensor, at::Tensor> prefill_attention_many(const at::Tensor& q, c
                                                           const std::vector<int64_t>& q_start,
                                                           const std::vector<int64_t>& key_start, double scale);
 
+// The checks both prefill ops over pages make (prefill_attention_many, cascade_attention): q
+// [N, Hq, D] fp32, heads and dims contiguous; kv_cache [2, NB, BS, Hkv, D] fp32 or fp16,
+// contiguous, its heads dividing Hq, D of 64, 96, 128 or 256; one ctx per chunk and q_start
+// [0, .., N]; every chunk has rows, at most ctx of them; tables int64 [chunks, W], rows contiguous,
+// row c covering ctx[c] keys with its entries from block key_from[c] / BS on inside the cache.
+void check_paged_chunks(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& tables,
+                        const std::vector<int64_t>& ctx, const std::vector<int64_t>& q_start,
+                        const std::vector<int64_t>& key_from);
+
 }  // namespace edgellm::cpu
