@@ -85,6 +85,22 @@ def test_sampling_rows_take_the_int8_products(native):
     assert torch.equal(head(x[sampled], [False, False], [True, True]), head.int_dot(x[sampled]))
 
 
+def test_a_q8_0_head_keeps_its_own_codes(native):
+    """A head dequantized from GGUF Q8_0 blocks (32 int8 codes, an fp16 step) comes back as those
+    codes and steps: no rounding of its own (err_ms 0), fp16 scales, and its products are the
+    Q8_0 weight's up to the activations' int8 rounding."""
+    g = torch.Generator().manual_seed(6)
+    codes = torch.randint(-127, 128, (V, K // 32, 32), generator=g)
+    codes[..., 0] = 127 * torch.where(torch.rand(V, K // 32, generator=g) < 0.5, -1, 1)  # Q8_0: amax -> +-127
+    d = (torch.rand(V, K // 32, 1, generator=g) * 0.01 + 1e-4).half().float()
+    w = (codes.float() * d).view(V, K)
+    head = _head(w, native)
+    assert head.err_ms == 0.0 and head.scale.dtype == torch.float16
+    x = torch.randn(3, K, generator=g)
+    _, _, bound = head.approximate(x)
+    assert ((head.int_dot(x) - F.linear(x, w)).abs() <= bound).all()
+
+
 def test_a_near_tie_is_settled_in_fp32(native):
     g = torch.Generator().manual_seed(2)
     w = _weight(g)

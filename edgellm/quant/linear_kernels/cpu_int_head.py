@@ -1,9 +1,9 @@
 """CPU mode auto: the logits head for rows that need nothing but their argmax, by integer dots.
 
 The head is the largest matrix of a small model (SmolLM2's tied 49152 x 576 embedding is 113 MB
-in fp32, more than all its int4 layers), so a greedy decode step reads it as int8 (one scale per
-vocabulary row, 28 MB) times int8-quantized activations (edgellm/kernels/csrc/cpu/qgemm_n16.h, bits
-8).
+in fp32, more than all its int4 layers), so a greedy decode step reads it as int8 (a scale per 32
+columns of each vocabulary row, GGUF's Q8_0 blocks: 30 MB, and a Q8_0 head's own codes exactly)
+times int8-quantized activations (edgellm/kernels/csrc/cpu/qgemm_n16.h, bits 8).
 Rows that sample at a temperature (no logprobs) take the int8 products alone: every logit within
 the window below, the order of the int8 layers' own noise. For argmax rows the argmax stays the
 fp32 head's, as in
@@ -36,19 +36,26 @@ class IntDotLogitsHead(CpuFastLogitsHead):
     # with 2624 candidates took 5.4 ms so, and 62 ms recomputed whole.)
     MAX_CANDIDATES = 1 << 62
 
+    GROUP = 32  # columns per weight scale: GGUF Q8_0 blocks, so a Q8_0 head keeps its codes
+
     def __init__(self, weight: torch.Tensor, native: Any, n16: bool = False) -> None:
         from edgellm.kernels.reference import pack_int_n16_ref, tile_n16_ref
+        from edgellm.quant.linear_kernels.cpu_int_storage import fp16_if_exact
 
         w = weight.float()
-        scale = (w.abs().amax(1, keepdim=True) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
-        codes = torch.round(w / scale).clamp_(-127, 127).to(torch.int8).contiguous()
+        v, k = w.shape
+        blocks = w.view(v, k // self.GROUP, self.GROUP)
+        scale = (blocks.abs().amax(-1) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)  # [V, G]
+        codes = torch.round(blocks / scale[..., None]).clamp_(-127, 127).to(torch.int8).view(v, k)
         self.w_ms = float(w.square().mean(1).max())
-        self.err_ms = float((w - codes.float() * scale).square().mean(1).max())
+        deq = (codes.view(v, -1, self.GROUP).float() * scale[..., None]).view(v, k)
+        self.err_ms = float((w - deq).square().mean(1).max())
+        scale = fp16_if_exact(scale)  # a Q8_0 head's steps are fp16 values: half the bytes
         self.n16 = n16
-        self.codes = pack_int_n16_ref(codes, 8) if n16 else codes
+        self.codes = pack_int_n16_ref(codes.contiguous(), 8) if n16 else codes.contiguous()
         self.scale = tile_n16_ref(scale) if n16 else scale.contiguous()
         self.amx_rows = 1 << 62
-        self.k = w.shape[1]
+        self.k = k
         self.native = native
         self.weight = weight  # the model's own (tied) matrix: no copy
 
@@ -61,13 +68,13 @@ class IntDotLogitsHead(CpuFastLogitsHead):
                 self.scale,
                 torch.empty(0),
                 8,
-                self.k,
+                self.GROUP,
                 torch.empty(0),
                 self.weight.shape[0],
                 self.amx_rows if amx_rows is None else amx_rows,
             )
         return self.native.int_linear(
-            x, self.codes, self.scale, torch.empty(0), 8, self.k, torch.empty(0)
+            x, self.codes, self.scale, torch.empty(0), 8, self.GROUP, torch.empty(0)
         )
 
     def calibrate(self, rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32)) -> int | None:

@@ -97,10 +97,13 @@ at::Tensor int8_argmax_logits(const at::Tensor& x, const at::Tensor& codes, cons
   TORCH_CHECK(!masked || (allowed.dim() == 2 && allowed.size(0) == M && allowed.size(1) == W &&
                           allowed.scalar_type() == at::kInt && allowed.is_contiguous()),
               "allowed: empty or [M, ceil(V / 32)] int32, contiguous");
+  TORCH_CHECK(scale.dim() >= 2 && scale.size(1) > 0 && K % scale.size(1) == 0,
+              "scale: one per group of K / G columns ([V, G], or the n16 layout of it)");
+  const int64_t group = K / scale.size(1);
   pybind11::gil_scoped_release no_gil;
   const at::Tensor none = at::empty({0}, x.options());
-  at::Tensor logits = n16 ? int_linear_n16(x, codes, scale, none, 8, K, none, V, amx_rows)
-                          : int_linear(x, codes, scale, none, 8, K, none);
+  at::Tensor logits = n16 ? int_linear_n16(x, codes, scale, none, 8, group, none, V, amx_rows)
+                          : int_linear(x, codes, scale, none, 8, group, none);
   if (M == 0) return logits;
   const std::vector<at::Tensor> q = quantize_rows(x, K);
   const int8_t* a = q[0].data_ptr<int8_t>();

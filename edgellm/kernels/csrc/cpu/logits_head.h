@@ -7,8 +7,9 @@
 namespace edgellm::cpu {
 
 // Logits [M, V] fp32 for rows x [M, K] fp32 of which only the argmax is needed, from the head's
-// int8 codes [V, K] (one fp32 scale per vocabulary row, scale [V, 1]) and its fp32 weight [V, K]:
-// y = the int8 products (int_linear, bits 8, one group; or, with codes and scale in the n16
+// int8 codes [V, K] (a scale per vocabulary row and group of K / G columns, scale [V, G] fp32 or
+// fp16) and its fp32 weight [V, K]:
+// y = the int8 products (int_linear, bits 8, groups of K / G; or, with codes and scale in the n16
 // layout, int_linear_n16 with AMX tiles from amx_rows rows), then per row the window that holds the
 // fp32 maximum, half-width B = sigmas * sqrt(|x|^2 err_ms + |x - x_q|^2 w_ms) + max|y| * 1e-5
 // (x_q: x as the kernel rounded it; err_ms / w_ms: the largest per-row mean squares of the
