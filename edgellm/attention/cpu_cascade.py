@@ -9,6 +9,7 @@ cached system prompt are exactly that.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -178,11 +179,13 @@ def cascade_prefill(
     return len(seq_lens)
 
 
+@functools.lru_cache(maxsize=16)
 def wave_ms(native: Any, dtype: torch.dtype, kernel: str) -> float:
     """ms of cascade_prefill with prefix kernel `kernel` (best of 3 after a warm-up) on a voice
     wave over fp16 pages: 8 chunks of 32 new tokens over a 256-token shared prefix, 4 query heads
     over 2 kv heads of 64 dims; each chunk's own tokens by the C++ causal kernel where `native`
-    has it and it was measured faster in `dtype` (edgellm/attention/cpu_dtype.causal_kernel)."""
+    has it and it was measured faster in `dtype` (edgellm/attention/cpu_dtype.causal_kernel).
+    Measured once per process: the prefix kernel's choice and the prefill dtype's share it."""
     from edgellm.attention.cpu_dtype import causal_kernel
 
     g = torch.Generator().manual_seed(0)

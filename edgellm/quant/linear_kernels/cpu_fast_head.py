@@ -80,8 +80,8 @@ class CpuFastLogitsHead:
         return out
 
     def sampling_logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Every logit of fp32 rows x [M, K] by the approximate product (no recheck)."""
-        return self.approximate(x)[0]
+        """Every logit of fp32 rows x [M, K] by the approximate product (no window, no recheck)."""
+        return self._product(x)[2]
 
     def bound(
         self, x: torch.Tensor, xb: torch.Tensor, top: torch.Tensor, int8: bool
@@ -105,14 +105,17 @@ class CpuFastLogitsHead:
     def approximate(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(approximate fp32 logits [M, V], each row's max [M, 1], the window half-width [M, 1]),
         before any refinement."""
+        xb, int8, logits = self._product(x)
+        hi, lo = logits.amax(-1, keepdim=True), logits.amin(-1, keepdim=True)
+        return logits, hi, self.bound(x, xb, torch.maximum(hi, -lo), int8)
+
+    def _product(self, x: torch.Tensor) -> tuple[torch.Tensor, bool, torch.Tensor]:
+        """(x in bf16, whether the int8 GEMV ran (else the bf16 copy), the logits [M, V] fp32)."""
         xb = x.to(torch.bfloat16)
         int8 = x.shape[0] <= self.int8_max_rows
         if int8:
-            logits = torch._weight_int8pack_mm(xb, self.codes, self.scales).float()
-        else:
-            logits = bf16_linear(xb, self.bf16).float()
-        hi, lo = logits.amax(-1, keepdim=True), logits.amin(-1, keepdim=True)
-        return logits, hi, self.bound(x, xb, torch.maximum(hi, -lo), int8)
+            return xb, int8, torch._weight_int8pack_mm(xb, self.codes, self.scales).float()
+        return xb, int8, bf16_linear(xb, self.bf16).float()
 
     def _approx(self, x: torch.Tensor) -> torch.Tensor:
         logits, hi, bound = self.approximate(x)
